@@ -1,0 +1,89 @@
+//! Throughput of the hot path without Kafka: decode, encode and core apply.
+//! `cargo bench --bench core`; figures are per core (single-threaded).
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use reconciler::codec::Codec;
+use reconciler::config::Config;
+use reconciler::core::memory::MemoryEngine;
+use reconciler::core::{Output, Policy, SourcePos};
+use reconciler::demo::{self, DemoRecord};
+
+fn events() -> Vec<reconciler::core::Event> {
+    demo::workload(1_700_000_000_000, 200)
+        .into_iter()
+        .filter_map(|r| match r {
+            DemoRecord::Event(e) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let codec = Codec::new();
+    let evs = events();
+    let encoded: Vec<Vec<u8>> = evs.iter().map(|e| codec.encode_event(e).unwrap()).collect();
+    let mut cfg = Config::default();
+    demo::configure(&mut cfg);
+    let policy: Policy = cfg.policy();
+
+    let mut g = c.benchmark_group("codec");
+    g.throughput(Throughput::Elements(encoded.len() as u64));
+    g.bench_function("decode_event", |b| {
+        b.iter(|| {
+            for bytes in &encoded {
+                std::hint::black_box(codec.decode_event(bytes).unwrap());
+            }
+        })
+    });
+    g.bench_function("encode_event", |b| {
+        b.iter(|| {
+            for e in &evs {
+                std::hint::black_box(codec.encode_event(e).unwrap());
+            }
+        })
+    });
+    g.finish();
+
+    // Verdicts and anomalies the workload produces, to time their encoding.
+    let mut engine = MemoryEngine::new();
+    let mut outputs = Vec::new();
+    for (i, e) in evs.iter().enumerate() {
+        engine.process(&policy, e.clone(), SourcePos { partition: 0, offset: i as i64 }, &mut outputs);
+    }
+    let mut g = c.benchmark_group("outputs");
+    g.throughput(Throughput::Elements(outputs.len() as u64));
+    g.bench_function("encode_outputs", |b| {
+        b.iter(|| {
+            for o in &outputs {
+                let bytes = match o {
+                    Output::Verdict(v) => codec.encode_verdict(v),
+                    Output::Anomaly(a) => codec.encode_anomaly(a),
+                    Output::Command(c) => codec.encode_command(c),
+                };
+                std::hint::black_box(bytes.unwrap());
+            }
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("core");
+    g.throughput(Throughput::Elements(evs.len() as u64));
+    g.bench_function("apply", |b| {
+        b.iter_batched(
+            || (MemoryEngine::new(), evs.clone()),
+            |(mut engine, evs)| {
+                let mut out = Vec::with_capacity(64);
+                for (i, e) in evs.into_iter().enumerate() {
+                    engine.process(&policy, e, SourcePos { partition: 0, offset: i as i64 }, &mut out);
+                    out.clear();
+                }
+                engine
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, starts a local broker, runs
+# the whole suite (unit, golden, property, interop and broker integration
+# tests) and stops the broker. Everything is built once, in release mode:
+# RocksDB and librdkafka are too slow to build in two profiles.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+source scripts/env.sh
+scripts/setup.sh --tests
+
+export BROKER_PORT=${BROKER_PORT:-19092}
+scripts/broker.sh start sqlite
+trap 'scripts/broker.sh stop' EXIT
+export KAFKA_BROKERS=127.0.0.1:$BROKER_PORT
+cargo test --release --locked "$@"

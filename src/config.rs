@@ -1,0 +1,331 @@
+//! Configuration: a TOML file, overridden by `RECONCILER_*` environment
+//! variables (nested keys with `__`, e.g. `RECONCILER_TOPICS__EVENTS`), then
+//! by command-line flags. Unknown keys and bad values fail at start with the
+//! field named. Every key under `[kafka]` goes to librdkafka verbatim.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::core::redact::{Redactor, DEFAULT_PATTERNS};
+use crate::core::{Policy, TypePolicy};
+
+/// A configuration that cannot be used; the message names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Parse(String),
+    #[error("configuration field `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+/// `observe` publishes verdicts only; `act` also publishes repair commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Observe,
+    Act,
+}
+
+/// Delivery guarantee of the outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Guarantee {
+    /// Outputs acknowledged by the broker before their batch is forgotten;
+    /// after a crash the last batch may be re-published byte-identical.
+    AtLeastOnce,
+}
+
+/// Topic names and layout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Topics {
+    /// Input: lifecycle events (the reconciler also writes its timers here).
+    pub events: String,
+    pub verdicts: String,
+    pub anomalies: String,
+    /// Dead letters: input that cannot be decoded or validated, byte-identical.
+    pub dlq: String,
+    /// Repair commands (`act` mode only).
+    pub commands: String,
+    /// Partitions for topics the reconciler creates when missing.
+    pub partitions: i32,
+    /// Replication factor for topics the reconciler creates.
+    pub replication_factor: i32,
+}
+
+impl Default for Topics {
+    fn default() -> Self {
+        Topics {
+            events: "ops.events".into(),
+            verdicts: "ops.verdicts".into(),
+            anomalies: "ops.anomalies".into(),
+            dlq: "ops.events.dlq".into(),
+            commands: "ops.commands".into(),
+            partitions: 6,
+            replication_factor: 1,
+        }
+    }
+}
+
+/// Consumption and batching.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Consumer {
+    /// Consumer group id.
+    pub group_id: String,
+    /// Most records per batch (one RocksDB write and one producer flush each).
+    pub batch_size: usize,
+    /// Longest wait to fill a batch, in ms.
+    pub batch_wait_ms: u64,
+    /// Records larger than this (key + value + headers) go to the DLQ.
+    pub max_record_bytes: usize,
+}
+
+impl Default for Consumer {
+    fn default() -> Self {
+        Consumer { group_id: "reconciler".into(), batch_size: 5000, batch_wait_ms: 50, max_record_bytes: 1 << 20 }
+    }
+}
+
+/// Time rules (SPEC §7), all in milliseconds of event time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Time {
+    /// Confirmation window when neither the event nor its type names one.
+    pub default_confirm_within_ms: i64,
+    /// Attempts allowed when neither the event nor its type names a limit.
+    pub default_max_attempts: i32,
+    /// How long an event ahead of its turn waits for the gap to fill.
+    pub reorder_window_ms: i64,
+    /// How many events one operation may hold in its reorder buffer.
+    pub reorder_max_held: usize,
+    /// How long terminal operations are kept.
+    pub retention_ms: i64,
+    /// How often the wall clock is compared with the timers (at most 1000).
+    pub timer_interval_ms: u64,
+}
+
+impl Default for Time {
+    fn default() -> Self {
+        let p = Policy::default();
+        Time {
+            default_confirm_within_ms: p.default_confirm_within_ms,
+            default_max_attempts: p.default_max_attempts,
+            reorder_window_ms: p.reorder_window_ms,
+            reorder_max_held: p.reorder_max_held,
+            retention_ms: p.retention_ms,
+            timer_interval_ms: 1000,
+        }
+    }
+}
+
+/// Per-operation-type policy.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypeConfig {
+    pub confirm_within_ms: Option<i64>,
+    pub max_attempts: Option<i32>,
+}
+
+/// Redaction of free-text evidence.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Redaction {
+    /// Regular expressions; every match in `detail`, `evidence_ref` and `note`
+    /// is replaced by `[REDACTED]` before it is stored or published.
+    pub patterns: Vec<String>,
+}
+
+impl Default for Redaction {
+    fn default() -> Self {
+        Redaction { patterns: DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect() }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub mode: Mode,
+    pub guarantee: Guarantee,
+    /// Directory of the RocksDB state.
+    pub state_dir: PathBuf,
+    /// Fsync every state write (survives power loss, not only process crashes).
+    pub sync_writes: bool,
+    pub topics: Topics,
+    pub consumer: Consumer,
+    pub time: Time,
+    /// Per operation type, by name.
+    pub types: BTreeMap<String, TypeConfig>,
+    pub redaction: Redaction,
+    /// Passed to librdkafka verbatim (bootstrap.servers, TLS, SASL, ...).
+    pub kafka: BTreeMap<String, String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mode: Mode::Observe,
+            guarantee: Guarantee::AtLeastOnce,
+            state_dir: PathBuf::from("./reconciler-state"),
+            sync_writes: false,
+            topics: Topics::default(),
+            consumer: Consumer::default(),
+            time: Time::default(),
+            types: BTreeMap::new(),
+            redaction: Redaction::default(),
+            kafka: BTreeMap::from([("bootstrap.servers".to_owned(), "127.0.0.1:9092".to_owned())]),
+        }
+    }
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field: field.to_owned(), reason: reason.into() }
+}
+
+impl Config {
+    /// Defaults, then the file (if any), then `RECONCILER_*` variables.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(invalid("--config", format!("file {} does not exist", path.display())));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        fig = fig.merge(Env::prefixed("RECONCILER_").split("__"));
+        let cfg: Config = fig.extract().map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the values serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let t = &self.topics;
+        for (field, name) in [
+            ("topics.events", &t.events),
+            ("topics.verdicts", &t.verdicts),
+            ("topics.anomalies", &t.anomalies),
+            ("topics.dlq", &t.dlq),
+            ("topics.commands", &t.commands),
+        ] {
+            if name.is_empty() || name.len() > 249 || !name.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c)) {
+                return Err(invalid(field, format!("{name:?} is not a valid Kafka topic name")));
+            }
+        }
+        if t.partitions < 1 {
+            return Err(invalid("topics.partitions", "must be at least 1"));
+        }
+        if t.replication_factor < 1 {
+            return Err(invalid("topics.replication_factor", "must be at least 1"));
+        }
+        if self.consumer.group_id.is_empty() {
+            return Err(invalid("consumer.group_id", "must not be empty"));
+        }
+        if self.consumer.batch_size == 0 {
+            return Err(invalid("consumer.batch_size", "must be at least 1"));
+        }
+        let tm = &self.time;
+        for (field, v) in [
+            ("time.default_confirm_within_ms", tm.default_confirm_within_ms),
+            ("time.reorder_window_ms", tm.reorder_window_ms),
+            ("time.retention_ms", tm.retention_ms),
+        ] {
+            if v <= 0 {
+                return Err(invalid(field, format!("must be positive, got {v}")));
+            }
+        }
+        if tm.default_max_attempts < 1 {
+            return Err(invalid("time.default_max_attempts", "must be at least 1"));
+        }
+        if tm.timer_interval_ms == 0 || tm.timer_interval_ms > 1000 {
+            return Err(invalid("time.timer_interval_ms", "must be between 1 and 1000 (SPEC: checked at least every second)"));
+        }
+        for (name, ty) in &self.types {
+            if ty.confirm_within_ms.is_some_and(|v| v <= 0) {
+                return Err(invalid(&format!("types.{name}.confirm_within_ms"), "must be positive"));
+            }
+            if ty.max_attempts.is_some_and(|v| v < 1) {
+                return Err(invalid(&format!("types.{name}.max_attempts"), "must be at least 1"));
+            }
+        }
+        Redactor::new(&self.redaction.patterns).map_err(|e| invalid("redaction.patterns", e.to_string()))?;
+        if !self.kafka.contains_key("bootstrap.servers") {
+            return Err(invalid("kafka.bootstrap.servers", "is required"));
+        }
+        Ok(())
+    }
+
+    /// The core's policy.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            default_confirm_within_ms: self.time.default_confirm_within_ms,
+            default_max_attempts: self.time.default_max_attempts,
+            types: self
+                .types
+                .iter()
+                .map(|(k, v)| (k.clone(), TypePolicy { confirm_within_ms: v.confirm_within_ms, max_attempts: v.max_attempts }))
+                .collect(),
+            reorder_window_ms: self.time.reorder_window_ms,
+            reorder_max_held: self.time.reorder_max_held,
+            retention_ms: self.time.retention_ms,
+            act: self.mode == Mode::Act,
+            redactor: Redactor::new(&self.redaction.patterns).expect("validated"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(text))
+            .extract()
+            .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = from_toml("[consumer]\nbatch_sise = 10\n").unwrap_err().to_string();
+        assert!(err.contains("batch_sise"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let err = from_toml("[topics]\npartitions = \"six\"\n").unwrap_err().to_string();
+        assert!(err.contains("partitions"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = from_toml("[time]\nreorder_window_ms = 0\n").unwrap_err().to_string();
+        assert!(err.contains("time.reorder_window_ms"), "{err}");
+        let err = from_toml("[redaction]\npatterns = [\"(\"]\n").unwrap_err().to_string();
+        assert!(err.contains("redaction.patterns"), "{err}");
+        let err = from_toml("mode = \"fix\"\n").unwrap_err().to_string();
+        assert!(err.contains("mode") || err.contains("fix"), "{err}");
+    }
+
+    #[test]
+    fn kafka_keys_pass_through_and_types_apply() {
+        let cfg = from_toml(
+            "[kafka]\n\"bootstrap.servers\" = \"k:9093\"\n\"security.protocol\" = \"SASL_SSL\"\n[types.sync_customer]\nconfirm_within_ms = 1000\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.kafka["security.protocol"], "SASL_SSL");
+        assert_eq!(cfg.policy().confirm_within("sync_customer", None), 1000);
+    }
+}

@@ -1,0 +1,64 @@
+//! Timers (SPEC §7): when an operation next needs the clock, and what
+//! happens when that time comes.
+//!
+//! The core never reads a clock. It says when it wants to be woken
+//! (`next_timer`); the pipeline indexes that time, and when the wall clock
+//! passes it, publishes a `DeadlineReached` event into the log. Only when
+//! that event is consumed does `on_timer` judge, so a replay of the log
+//! reproduces every timeout exactly.
+
+use super::detect::expire_held;
+use super::event::{Event, SourcePos};
+use super::operation::{EntityState, OperationState};
+use super::output::{Output, Status};
+use super::policy::Policy;
+
+/// The earliest event time at which `op` needs a `DeadlineReached`: its
+/// confirmation deadline, the end of a reorder window, or the end of retention.
+pub fn next_timer(op: &OperationState, policy: &Policy) -> Option<i64> {
+    let mut due: Option<i64> = None;
+    let mut consider = |t: i64| due = Some(due.map_or(t, |d| d.min(t)));
+    if op.awaits_evidence() && !op.overdue_judged {
+        if let Some(d) = op.deadline_at {
+            consider(d);
+        }
+    }
+    for h in &op.held {
+        consider(h.hold_until);
+    }
+    if let Some(t) = retention_end(op, policy) {
+        consider(t);
+    }
+    due
+}
+
+/// When a finished (or abandoned, never requested) operation may be removed.
+fn retention_end(op: &OperationState, policy: &Policy) -> Option<i64> {
+    if op.status.is_terminal() {
+        op.terminal_at.map(|t| t + policy.retention_ms)
+    } else if op.status == Status::Unrequested && op.held.is_empty() {
+        Some(op.last_event_at + policy.retention_ms)
+    } else {
+        None
+    }
+}
+
+/// Handles a consumed `DeadlineReached` for time `deadline`: gives up
+/// expired reorder gaps, judges an overdue operation, and returns true when
+/// the operation has left retention and must be removed.
+pub(crate) fn on_timer(
+    op: &mut OperationState,
+    policy: &Policy,
+    entity: &mut EntityState,
+    ev: &Event,
+    pos: SourcePos,
+    deadline: i64,
+    out: &mut Vec<Output>,
+) -> bool {
+    expire_held(op, policy, entity, deadline, pos, out);
+    let overdue = op.deadline_at.is_some_and(|d| d <= deadline);
+    if op.awaits_evidence() && !op.overdue_judged && overdue {
+        op.judge_overdue(policy, ev, pos, out);
+    }
+    retention_end(op, policy).is_some_and(|t| t <= deadline)
+}

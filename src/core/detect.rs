@@ -1,0 +1,309 @@
+//! Detection before state (SPEC §5): duplicates, order, conflicts, the
+//! reorder buffer and orphans. This is also the core's entry point, [`apply`].
+//!
+//! Every event ends in exactly one [`Disposition`]; nothing is dropped
+//! without a trace.
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::deadline;
+use super::event::{Body, Event, SourcePos};
+use super::operation::{EntityState, HeldEvent, OperationState, SeqRecord};
+use super::output::{AnomalyKind, Output, Status};
+use super::policy::Policy;
+use super::verdict::anomaly;
+
+/// How one input event was accounted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Disposition {
+    /// Applied to the operation's state.
+    Applied,
+    /// A duplicate delivery or emission: state unchanged.
+    Duplicate,
+    /// Waiting in the reorder buffer.
+    Held,
+    /// Flagged (late, conflicting, invalid): recorded, state never regresses.
+    Anomalous,
+    /// A timer for an operation that no longer exists (left retention).
+    Ignored,
+}
+
+impl Disposition {
+    pub const ALL: [Disposition; 5] = [
+        Disposition::Applied,
+        Disposition::Duplicate,
+        Disposition::Held,
+        Disposition::Anomalous,
+        Disposition::Ignored,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disposition::Applied => "applied",
+            Disposition::Duplicate => "duplicate",
+            Disposition::Held => "held",
+            Disposition::Anomalous => "anomalous",
+            Disposition::Ignored => "ignored",
+        }
+    }
+}
+
+/// Applies one event to its operation (`slot`, `None` if unknown) and the
+/// entity's shared facts, appending every decision to `out`.
+///
+/// Pure: the result depends only on the arguments. Afterwards
+/// `slot.timer_at` is the operation's next timer (or the slot is `None` when
+/// the operation left retention).
+pub fn apply(
+    policy: &Policy,
+    slot: &mut Option<OperationState>,
+    entity: &mut EntityState,
+    mut ev: Event,
+    pos: SourcePos,
+    out: &mut Vec<Output>,
+) -> Disposition {
+    redact_body(policy, &mut ev.body);
+    if let Body::DeadlineReached { deadline } = ev.body {
+        let Some(op) = slot.as_mut() else {
+            return Disposition::Ignored;
+        };
+        if !op.seen_event_ids.insert(ev.event_id.clone()) {
+            // The reconciler's own timer fired twice (a restart between
+            // publishing and consuming it): not a service's redelivery.
+            return Disposition::Duplicate;
+        }
+        if deadline::on_timer(op, policy, entity, &ev, pos, deadline, out) {
+            *slot = None;
+        } else {
+            op.timer_at = deadline::next_timer(op, policy);
+        }
+        return Disposition::Applied;
+    }
+    let op = slot.get_or_insert_with(|| OperationState::new(&ev));
+    if !op.seen_event_ids.insert(ev.event_id.clone()) {
+        return duplicate_delivery(op, &ev, pos, out);
+    }
+    // Event time moves with every event: give up gaps whose window closed.
+    expire_held(op, policy, entity, ev.occurred_at, pos, out);
+    let disposition = admit(op, policy, entity, ev, pos, out, true);
+    drain(op, policy, entity, out);
+    op.timer_at = deadline::next_timer(op, policy);
+    disposition
+}
+
+fn duplicate_delivery(op: &mut OperationState, ev: &Event, pos: SourcePos, out: &mut Vec<Output>) -> Disposition {
+    op.duplicates_seen += 1;
+    let detail = format!("Event {} was delivered again (at-least-once redelivery).", ev.event_id);
+    out.push(Output::Anomaly(anomaly(AnomalyKind::DuplicateDelivery, op, ev, pos, detail, Vec::new())));
+    Disposition::Duplicate
+}
+
+fn redact_body(policy: &Policy, body: &mut Body) {
+    let r = &policy.redactor;
+    match body {
+        Body::AttemptFailed { detail, .. } | Body::OutcomeUnknown { detail, .. } => r.redact_in_place(detail),
+        Body::EffectObserved(o) => {
+            if let Some(e) = o.evidence_ref.as_mut() {
+                r.redact_in_place(e)
+            }
+        }
+        Body::EffectAbsent { evidence_ref: Some(e), .. } => r.redact_in_place(e),
+        Body::ManualDecision { note, .. } => r.redact_in_place(note),
+        _ => {}
+    }
+}
+
+/// Stable digest of a body, to tell a re-emission from a conflicting one.
+pub(crate) fn body_hash(body: &Body) -> u64 {
+    xxh3_64(&postcard::to_allocvec(body).expect("bodies serialize"))
+}
+
+/// Classifies an event that is not a duplicate delivery and applies, holds
+/// or flags it. `fresh` is false when the event comes out of the buffer (its
+/// arrival was already accounted for).
+fn admit(
+    op: &mut OperationState,
+    policy: &Policy,
+    entity: &mut EntityState,
+    ev: Event,
+    pos: SourcePos,
+    out: &mut Vec<Output>,
+    fresh: bool,
+) -> Disposition {
+    let hash = body_hash(&ev.body);
+    if let Some(s) = ev.seq {
+        // Another event already claimed this revision (applied or held)?
+        let claimed = if s < op.next_seq {
+            op.applied_seqs.get(&s).map(|r| (r.event_id.clone(), r.body_hash))
+        } else {
+            op.held
+                .iter()
+                .find(|h| h.event.seq == Some(s))
+                .map(|h| (h.event.event_id.clone(), body_hash(&h.event.body)))
+        };
+        if let Some((other_id, other_hash)) = claimed {
+            return same_revision(op, policy, &ev, pos, &other_id, other_hash == hash, out);
+        }
+        if s < op.next_seq && op.status != Status::Unrequested {
+            let detail = format!(
+                "Revision {s} arrived after revision {} was applied; recorded, state not regressed.",
+                op.next_seq - 1
+            );
+            out.push(Output::Anomaly(anomaly(AnomalyKind::LateEvent, op, &ev, pos, detail, Vec::new())));
+            return Disposition::Anomalous;
+        }
+    }
+    let is_request = matches!(ev.body, Body::Requested(_));
+    let waits_for_request = op.status == Status::Unrequested && !is_request;
+    // A request is never held: it creates the operation whatever its seq.
+    let ahead = ev.seq.is_some_and(|s| s > op.next_seq) && !(is_request && op.status == Status::Unrequested);
+    if waits_for_request || ahead {
+        if fresh && ahead {
+            op.out_of_order_seen += 1;
+            let detail = format!(
+                "Revision {} arrived while revision {} was expected; held until the gap fills.",
+                ev.seq.unwrap_or_default(),
+                op.next_seq
+            );
+            out.push(Output::Anomaly(anomaly(AnomalyKind::OutOfOrder, op, &ev, pos, detail, Vec::new())));
+        }
+        let hold_until = ev.occurred_at + policy.reorder_window_ms;
+        op.held.push(HeldEvent { event: ev, pos, hold_until });
+        if op.held.len() > policy.reorder_max_held {
+            give_up_oldest_gap(op, policy, entity, pos, out);
+        }
+        return Disposition::Held;
+    }
+    apply_now(op, policy, entity, ev, pos, hash, out)
+}
+
+/// A second event for an already claimed revision: the same body is a
+/// duplicate emission, another body a conflicting transition (seed 000's race).
+fn same_revision(
+    op: &mut OperationState,
+    policy: &Policy,
+    ev: &Event,
+    pos: SourcePos,
+    other_id: &str,
+    same_body: bool,
+    out: &mut Vec<Output>,
+) -> Disposition {
+    let s = ev.seq.unwrap_or_default();
+    if same_body {
+        op.duplicates_seen += 1;
+        let detail = format!("Revision {s} was emitted again as {} (first as {other_id}) with the same body.", ev.event_id);
+        out.push(Output::Anomaly(anomaly(AnomalyKind::DuplicateEmission, op, ev, pos, detail, Vec::new())));
+        Disposition::Duplicate
+    } else {
+        let detail = format!(
+            "Revision {s} was written twice with different bodies ({other_id}, then {} {}): two writers transitioned the same revision.",
+            ev.event_id,
+            ev.body.name()
+        );
+        out.push(Output::Anomaly(anomaly(AnomalyKind::ConflictingTransition, op, ev, pos, detail.clone(), Vec::new())));
+        op.conflict(policy, ev, pos, detail, out);
+        Disposition::Anomalous
+    }
+}
+
+fn apply_now(
+    op: &mut OperationState,
+    policy: &Policy,
+    entity: &mut EntityState,
+    ev: Event,
+    pos: SourcePos,
+    hash: u64,
+    out: &mut Vec<Output>,
+) -> Disposition {
+    let from = op.status;
+    let ok = op.transition(policy, entity, &ev, pos, out);
+    if let Some(s) = ev.seq {
+        op.applied_seqs.insert(s, SeqRecord { event_id: ev.event_id.clone(), body_hash: hash });
+        op.next_seq = op.next_seq.max(s + 1);
+    }
+    op.last_event_at = op.last_event_at.max(ev.occurred_at);
+    if ok {
+        op.events_applied += 1;
+        Disposition::Applied
+    } else {
+        let detail = format!("{} cannot follow state {}.", ev.body.name(), from.as_str());
+        out.push(Output::Anomaly(anomaly(AnomalyKind::InvalidTransition, op, &ev, pos, detail, Vec::new())));
+        Disposition::Anomalous
+    }
+}
+
+/// Applies held events whose turn has come.
+fn drain(op: &mut OperationState, policy: &Policy, entity: &mut EntityState, out: &mut Vec<Output>) {
+    while op.status != Status::Unrequested {
+        let next = op.next_seq;
+        let i = op
+            .held
+            .iter()
+            .position(|h| h.event.seq == Some(next))
+            .or_else(|| op.held.iter().position(|h| h.event.seq.is_none_or(|s| s < next)));
+        let Some(i) = i else { break };
+        let h = op.held.remove(i);
+        admit(op, policy, entity, h.event, h.pos, out, false);
+    }
+}
+
+/// Gives up every gap whose reorder window closed by event time `now`.
+pub(crate) fn expire_held(
+    op: &mut OperationState,
+    policy: &Policy,
+    entity: &mut EntityState,
+    now: i64,
+    pos: SourcePos,
+    out: &mut Vec<Output>,
+) {
+    while op.held.iter().any(|h| h.hold_until <= now) {
+        if op.status == Status::Unrequested {
+            let (expired, kept) = std::mem::take(&mut op.held).into_iter().partition(|h| h.hold_until <= now);
+            op.held = kept;
+            for h in expired {
+                orphan(op, h, pos, out);
+            }
+        } else {
+            give_up_oldest_gap(op, policy, entity, pos, out);
+        }
+    }
+}
+
+fn orphan(op: &OperationState, h: HeldEvent, pos: SourcePos, out: &mut Vec<Output>) {
+    let detail = format!(
+        "{} for operation {} arrived but its Requested never did within the reorder window.",
+        h.event.body.name(),
+        op.operation_id
+    );
+    out.push(Output::Anomaly(anomaly(AnomalyKind::OrphanEvent, op, &h.event, pos, detail, Vec::new())));
+}
+
+/// Stops waiting for the revisions in front of the lowest held one: names
+/// them in a SEQ_GAP and applies what was held (or, before the request,
+/// records the oldest held event as an orphan).
+fn give_up_oldest_gap(
+    op: &mut OperationState,
+    policy: &Policy,
+    entity: &mut EntityState,
+    pos: SourcePos,
+    out: &mut Vec<Output>,
+) {
+    if op.status == Status::Unrequested {
+        let h = op.held.remove(0);
+        orphan(op, h, pos, out);
+        return;
+    }
+    let Some(i) = (0..op.held.len()).min_by_key(|&i| op.held[i].event.seq.unwrap_or(i64::MIN)) else {
+        return;
+    };
+    let h = op.held.remove(i);
+    if let Some(s) = h.event.seq {
+        let missing: Vec<i64> = (op.next_seq..s).filter(|m| !op.applied_seqs.contains_key(m)).collect();
+        let detail = format!("Revisions {missing:?} never arrived within the reorder window; revision {s} applied anyway.");
+        out.push(Output::Anomaly(anomaly(AnomalyKind::SeqGap, op, &h.event, pos, detail, missing)));
+        op.next_seq = s;
+    }
+    admit(op, policy, entity, h.event, h.pos, out, false);
+    drain(op, policy, entity, out);
+}

@@ -1,0 +1,51 @@
+//! An in-memory driver of the core: operations and entities in maps.
+//!
+//! Used by the golden scenarios, the property tests, the benches and the
+//! replay-without-Kafka path. The RocksDB store drives the same `apply`.
+
+use std::collections::BTreeMap;
+
+use super::detect::{apply, Disposition};
+use super::event::{Event, SourcePos};
+use super::operation::{EntityState, OperationState};
+use super::output::Output;
+use super::policy::Policy;
+
+/// All state of one reconciler, kept in memory.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryEngine {
+    pub ops: BTreeMap<String, OperationState>,
+    pub entities: BTreeMap<String, EntityState>,
+}
+
+impl MemoryEngine {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies one event, appending its outputs to `out`.
+    pub fn process(&mut self, policy: &Policy, ev: Event, pos: SourcePos, out: &mut Vec<Output>) -> Disposition {
+        let mut slot = self.ops.remove(&ev.operation_id);
+        let op_id = ev.operation_id.clone();
+        let entity = self.entities.entry(ev.entity_id.clone()).or_default();
+        let d = apply(policy, &mut slot, entity, ev, pos, out);
+        if let Some(op) = slot {
+            self.ops.insert(op_id, op);
+        }
+        d
+    }
+
+    /// The due timers at event time `now`, as the pipeline's wheel would
+    /// publish them: `DeadlineReached` events in (time, operation) order.
+    pub fn due_timers(&self, now: i64) -> Vec<Event> {
+        let mut due: Vec<(i64, &OperationState)> = self
+            .ops
+            .values()
+            .filter_map(|op| op.timer_at.filter(|t| *t <= now).map(|t| (t, op)))
+            .collect();
+        due.sort_by(|a, b| (a.0, &a.1.operation_id).cmp(&(b.0, &b.1.operation_id)));
+        due.into_iter()
+            .map(|(t, op)| Event::deadline_reached(&op.operation_id, &op.entity_id, &op.operation_type, t))
+            .collect()
+    }
+}

@@ -1,0 +1,23 @@
+//! The pure, deterministic core: given an event and an operation's state,
+//! decide the new state, the verdicts and the anomalies.
+//!
+//! Nothing in here performs IO, reads a clock or draws randomness; the
+//! imports of this module tree are limited to std, serde, uuid, regex,
+//! xxhash and postcard. The pipeline, the tests and the benches all drive the
+//! same [`apply`].
+
+pub mod deadline;
+pub mod detect;
+pub mod event;
+pub mod memory;
+pub mod operation;
+pub mod output;
+pub mod policy;
+pub mod redact;
+pub mod verdict;
+
+pub use detect::{apply, Disposition};
+pub use event::{Body, Event, SourcePos};
+pub use operation::{EntityState, OperationState};
+pub use output::{Action, Anomaly, AnomalyKind, Outcome, Output, RepairCommand, Status, Verdict};
+pub use policy::{Policy, TypePolicy};

@@ -1,0 +1,110 @@
+//! Redaction of free-text evidence (`detail`, `evidence_ref`, `note`).
+//!
+//! Seed 000: evidence must be a safe reference, never secrets or personal
+//! data. Every free-text field passes through here before the core stores or
+//! publishes it, so nothing downstream (state, verdicts, explain) can leak it.
+
+use std::borrow::Cow;
+
+use regex::Regex;
+
+/// What replaces a redacted match.
+pub const REDACTED: &str = "[REDACTED]";
+
+/// Patterns matched by default: e-mail addresses, bearer tokens, `key=value`
+/// secrets and card-like digit runs.
+pub const DEFAULT_PATTERNS: [&str; 4] = [
+    r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",
+    r"(?i)bearer\s+[A-Za-z0-9._~+/=-]+",
+    r"(?i)(password|passwd|secret|token|api[_-]?key)\s*[=:]\s*\S+",
+    r"\b\d(?:[ -]?\d){12,18}\b",
+];
+
+/// A compiled set of redaction patterns.
+#[derive(Debug, Clone)]
+pub struct Redactor {
+    patterns: Vec<Regex>,
+}
+
+/// A pattern that does not compile; names the pattern.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid redaction pattern {pattern:?}: {source}")]
+pub struct PatternError {
+    pub pattern: String,
+    #[source]
+    pub source: regex::Error,
+}
+
+impl Redactor {
+    /// Compiles `patterns`; fails naming the first pattern that does not compile.
+    pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
+        let patterns = patterns
+            .iter()
+            .map(|p| {
+                Regex::new(p.as_ref()).map_err(|source| PatternError {
+                    pattern: p.as_ref().to_owned(),
+                    source,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Redactor { patterns })
+    }
+
+    /// A redactor that changes nothing.
+    pub fn none() -> Self {
+        Redactor { patterns: Vec::new() }
+    }
+
+    /// `text` with every match of every pattern replaced by [`REDACTED`].
+    pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let mut out = Cow::Borrowed(text);
+        for re in &self.patterns {
+            if re.is_match(&out) {
+                out = Cow::Owned(re.replace_all(&out, REDACTED).into_owned());
+            }
+        }
+        out
+    }
+
+    /// Redacts an owned string in place (no allocation when nothing matches).
+    pub fn redact_in_place(&self, text: &mut String) {
+        if let Cow::Owned(s) = self.redact(text) {
+            *text = s;
+        }
+    }
+}
+
+impl Default for Redactor {
+    fn default() -> Self {
+        Redactor::new(&DEFAULT_PATTERNS).expect("default patterns compile")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_patterns_remove_secrets_and_personal_data() {
+        let r = Redactor::default();
+        let s = "timeout for jane.doe@example.com with Bearer abc.def token=s3cr3t card 4111 1111 1111 1111";
+        let out = r.redact(s);
+        assert!(!out.contains("jane.doe"), "{out}");
+        assert!(!out.contains("abc.def"), "{out}");
+        assert!(!out.contains("s3cr3t"), "{out}");
+        assert!(!out.contains("4111"), "{out}");
+        assert!(out.starts_with("timeout for [REDACTED]"), "{out}");
+    }
+
+    #[test]
+    fn clean_text_is_borrowed_unchanged() {
+        let r = Redactor::default();
+        assert!(matches!(r.redact("HTTP 504 after 30s"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn bad_pattern_is_named() {
+        let err = Redactor::new(&["ok", "(unclosed"]).unwrap_err();
+        assert_eq!(err.pattern, "(unclosed");
+    }
+}

@@ -1,0 +1,132 @@
+//! Building verdicts, anomalies and repair commands with deterministic ids.
+//!
+//! Ids are UUIDv5 of the facts that caused the output (operation, trigger
+//! event, position in the log), never of a clock or a random source: the
+//! same input gives the same ids, so a replay or an at-least-once re-publish
+//! produces byte-identical records.
+
+use uuid::Uuid;
+
+use super::event::{Event, EvidenceSource, SourcePos};
+use super::operation::{LastVerdict, OperationState};
+use super::output::{
+    Action, Anomaly, AnomalyKind, Evidence, Outcome, Output, RepairAction, RepairCommand, Verdict,
+};
+use super::policy::Policy;
+
+/// Namespace of every id the reconciler derives.
+const NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_9a52_3c0e_4f7e_9d8b_0b7a_52e1_c4a9);
+
+fn derive_id(parts: &[&str]) -> String {
+    Uuid::new_v5(&NAMESPACE, parts.join("\u{1f}").as_bytes()).to_string()
+}
+
+/// What a transition decided, before the evidence is attached.
+pub(crate) struct VerdictDraft<'a> {
+    pub trigger: &'a Event,
+    pub pos: SourcePos,
+    pub outcome: Outcome,
+    pub action: Action,
+    pub reason: String,
+}
+
+/// Issues a verdict for `op` (and, in act mode, its repair command).
+pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>, out: &mut Vec<Output>) {
+    let index = op.verdict_count.to_string();
+    let verdict_id = derive_id(&["verdict", &op.operation_id, &d.trigger.event_id, &index]);
+    op.verdict_count += 1;
+    let req = op.request.as_ref();
+    let evidence = Evidence {
+        expected_version: req.and_then(|r| r.expected_version),
+        expected_fingerprint: req.and_then(|r| r.expected_fingerprint.clone()),
+        observed_version: op.observed_version,
+        observed_fingerprint: op.observed_fingerprint.clone(),
+        remote_ids: op.remote_ids.clone(),
+        idempotency_key: req.and_then(|r| r.idempotency_key.clone()),
+        attempts: op.attempts,
+        requested_at: req.map(|r| r.requested_at),
+        last_event_at: op.last_event_at.max(d.trigger.occurred_at),
+        events_applied: op.events_applied,
+        duplicates_seen: op.duplicates_seen,
+        out_of_order_seen: op.out_of_order_seen,
+        trigger_partition: d.pos.partition,
+        trigger_offset: d.pos.offset,
+        manual_decision: op.manual.clone(),
+    };
+    let verdict = Verdict {
+        verdict_id: verdict_id.clone(),
+        operation_id: op.operation_id.clone(),
+        entity_id: op.entity_id.clone(),
+        operation_type: op.operation_type.clone(),
+        outcome: d.outcome,
+        action: d.action,
+        state: op.status,
+        reason: d.reason.clone(),
+        decided_at: d.trigger.occurred_at,
+        trigger_event_id: d.trigger.event_id.clone(),
+        evidence,
+    };
+    op.last_verdict = Some(LastVerdict {
+        verdict_id: verdict_id.clone(),
+        outcome: d.outcome,
+        action: d.action,
+        reason: d.reason,
+        decided_at: d.trigger.occurred_at,
+    });
+    out.push(Output::Verdict(verdict));
+    if policy.act && d.action.is_automatable() {
+        let action = if d.action == Action::Requeue { RepairAction::Requeue } else { RepairAction::Probe };
+        let req = op.request.as_ref();
+        out.push(Output::Command(RepairCommand {
+            command_id: derive_id(&["command", &verdict_id]),
+            verdict_id,
+            operation_id: op.operation_id.clone(),
+            entity_id: op.entity_id.clone(),
+            operation_type: op.operation_type.clone(),
+            action,
+            idempotency_key: req.and_then(|r| r.idempotency_key.clone()),
+            destination: req.map(|r| r.destination.clone()).unwrap_or_default(),
+            expected_version: req.and_then(|r| r.expected_version),
+            expected_fingerprint: req.and_then(|r| r.expected_fingerprint.clone()),
+            issued_at: d.trigger.occurred_at,
+        }));
+    }
+}
+
+/// An anomaly about `flagged`, detected while processing the record at `pos`.
+pub(crate) fn anomaly(
+    kind: AnomalyKind,
+    op: &OperationState,
+    flagged: &Event,
+    pos: SourcePos,
+    detail: String,
+    missing_seqs: Vec<i64>,
+) -> Anomaly {
+    let partition = pos.partition.to_string();
+    let offset = pos.offset.to_string();
+    Anomaly {
+        anomaly_id: derive_id(&["anomaly", kind.as_str(), &flagged.event_id, &partition, &offset]),
+        kind,
+        operation_id: op.operation_id.clone(),
+        entity_id: op.entity_id.clone(),
+        operation_type: op.operation_type.clone(),
+        event_id: flagged.event_id.clone(),
+        seq: flagged.seq,
+        expected_seq: Some(op.next_seq),
+        missing_seqs,
+        detected_at: flagged.occurred_at,
+        detail,
+        source_partition: pos.partition,
+        source_offset: pos.offset,
+    }
+}
+
+/// How a source is named in a verdict's reason.
+pub(crate) fn source_name(source: EvidenceSource) -> &'static str {
+    match source {
+        EvidenceSource::WorkerResponse => "worker response",
+        EvidenceSource::DestinationQuery => "destination query",
+        EvidenceSource::Receipt => "receipt",
+        EvidenceSource::ResultFile => "result file",
+    }
+}

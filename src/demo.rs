@@ -1,0 +1,353 @@
+//! The demo workload: a small, realistic set of operations with every kind
+//! of fault the reconciler detects, stamped relative to a start time.
+//!
+//! The same workload drives `reconciler demo` and the integration tests.
+//! Its expected verdicts are not written down by hand: they come from
+//! running the workload through the in-memory core, so the demo's "settled"
+//! condition is "the broker pipeline produced what the core predicts".
+
+use crate::core::event::{Body, Decision, EffectObserved, ErrorClass, Event, EvidenceSource, Requested};
+
+/// One record to publish: key, value (None = a tombstone/null value) and
+/// whether it is deliberately broken.
+#[derive(Debug, Clone)]
+pub enum DemoRecord {
+    Event(Event),
+    /// Raw bytes under a key: garbage, a null value, or a valid event under
+    /// the wrong key.
+    Raw { key: Vec<u8>, value: Option<Vec<u8>>, what: &'static str },
+    /// A valid event published under a key that is not its entity_id.
+    Misrouted(Event),
+}
+
+struct Builder {
+    start: i64,
+    records: Vec<DemoRecord>,
+    copy: usize,
+}
+
+impl Builder {
+    fn ev(&self, op: &str, entity: &str, ty: &str, seq: Option<i64>, dt: i64, id: &str, body: Body) -> Event {
+        Event {
+            event_id: format!("{op}-{}-{id}", self.copy),
+            operation_id: format!("{op}-{}", self.copy),
+            entity_id: format!("{entity}-{}", self.copy),
+            operation_type: ty.to_owned(),
+            seq,
+            occurred_at: self.start + dt,
+            producer: "demo".into(),
+            body,
+        }
+    }
+
+    fn push(&mut self, e: Event) {
+        self.records.push(DemoRecord::Event(e));
+    }
+}
+
+fn requested(version: i64, idempotent: bool, key: bool) -> Body {
+    Body::Requested(Requested {
+        expected_version: Some(version),
+        expected_fingerprint: None,
+        idempotency_key: key.then(|| format!("idem-v{version}")),
+        idempotent,
+        destination: "crm".into(),
+        confirm_within_ms: None,
+        max_attempts: None,
+    })
+}
+
+fn started(worker: &str) -> Body {
+    Body::Started { attempt: 1, worker: worker.into() }
+}
+
+fn observed(version: i64, remote: &str, source: EvidenceSource) -> Body {
+    Body::EffectObserved(EffectObserved {
+        remote_id: Some(remote.into()),
+        observed_version: Some(version),
+        observed_fingerprint: None,
+        source,
+        evidence_ref: Some("GET /customers?idempotency_key=... -> 200".into()),
+    })
+}
+
+fn unknown() -> Body {
+    Body::OutcomeUnknown { attempt: 1, detail: "read timeout after request was sent (contact: ops@example.com)".into() }
+}
+
+/// The workload: `copies` copies of each story, starting at `start` (ms).
+/// Deadlines use the per-type windows of [`demo_types`].
+pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
+    let mut b = Builder { start, records: Vec::new(), copy: 0 };
+    use EvidenceSource::*;
+    for copy in 0..copies {
+        b.copy = copy;
+        let s = "sync_customer";
+        // Happy path: the worker's response proves the effect.
+        for (i, body) in [requested(3, true, true), started("w-1"), observed(3, "crm-100", WorkerResponse)].into_iter().enumerate() {
+            let e = b.ev("ok", "cust-100", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        // Seed 000: timeout after send, then the destination query finds v7.
+        for (i, body) in [requested(7, true, true), started("w-1"), unknown()].into_iter().enumerate() {
+            let e = b.ev("timeout-found", "cust-452", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        let e = b.ev("timeout-found", "cust-452", s, None, 100, "q", observed(7, "crm-452", DestinationQuery));
+        b.push(e);
+        // Seed 000: the query finds nothing: requeue (idempotent).
+        for (i, body) in [requested(2, true, true), started("w-2"), unknown()].into_iter().enumerate() {
+            let e = b.ev("timeout-absent", "cust-453", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        let e = b.ev("timeout-absent", "cust-453", s, None, 100, "q", Body::EffectAbsent { source: DestinationQuery, evidence_ref: Some("query-77".into()) });
+        b.push(e);
+        // Seed 000: the query finds another version: review, never overwrite.
+        for (i, body) in [requested(7, true, true), started("w-1"), unknown()].into_iter().enumerate() {
+            let e = b.ev("divergent", "cust-454", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        let e = b.ev("divergent", "cust-454", s, None, 100, "q", observed(8, "crm-454", DestinationQuery));
+        b.push(e);
+        // The effect exists twice.
+        for (i, body) in [requested(1, true, true), started("w-3"), observed(1, "crm-500", WorkerResponse)].into_iter().enumerate() {
+            let e = b.ev("dup-effect", "cust-500", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        let e = b.ev("dup-effect", "cust-500", s, None, 200, "q", observed(1, "crm-501", DestinationQuery));
+        b.push(e);
+        // Never started: overdue, missing, requeue.
+        let e = b.ev("never-started", "cust-600", s, Some(1), 0, "e0", requested(1, true, true));
+        b.push(e);
+        // Outcome unknown, nobody checks: overdue, ambiguous, probe by key.
+        for (i, body) in [requested(4, true, true), started("w-1"), unknown()].into_iter().enumerate() {
+            let e = b.ev("silent", "cust-601", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        // Not idempotent, started, silent: overdue, ambiguous, review.
+        for (i, body) in [requested(1, false, false), started("w-9")].into_iter().enumerate() {
+            let e = b.ev("invoice-silent", "inv-77", "send_invoice", Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        // Two workers transitioned the same revision.
+        for (i, body) in [requested(5, true, true), started("w-1")].into_iter().enumerate() {
+            let e = b.ev("race", "cust-700", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        let e = b.ev("race", "cust-700", s, Some(2), 15, "e1x", started("w-2"));
+        b.push(e);
+        // Reordered: revision 3 arrives before 2.
+        let e = b.ev("reordered", "cust-800", s, Some(1), 0, "e0", requested(2, true, true));
+        b.push(e);
+        let e = b.ev("reordered", "cust-800", s, Some(3), 20, "e2", observed(2, "crm-800", WorkerResponse));
+        b.push(e);
+        let e = b.ev("reordered", "cust-800", s, Some(2), 10, "e1", started("w-1"));
+        b.push(e);
+        // Redelivered and re-emitted.
+        let r = b.ev("redelivered", "cust-900", s, Some(1), 0, "e0", requested(9, true, true));
+        b.push(r.clone());
+        b.push(r);
+        let st = b.ev("redelivered", "cust-900", s, Some(2), 10, "e1", started("w-1"));
+        b.push(st.clone());
+        let mut again = st;
+        again.event_id.push_str("-republished");
+        b.push(again);
+        let e = b.ev("redelivered", "cust-900", s, Some(3), 20, "e2", observed(9, "crm-900", WorkerResponse));
+        b.push(e);
+        // Cancelled, then a stray start: not applicable, invalid transition.
+        for (i, body) in [requested(1, true, true), Body::Cancelled { reason: "customer deleted".into() }, started("w-1")].into_iter().enumerate() {
+            let e = b.ev("cancelled", "cust-950", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        // A permanent failure.
+        let fail = Body::AttemptFailed {
+            attempt: 1,
+            error_class: ErrorClass::Permanent,
+            error_code: "HTTP_422".into(),
+            detail: "customer email rejected: jane@example.com".into(),
+            next_attempt_at: None,
+        };
+        for (i, body) in [requested(1, true, true), started("w-1"), fail].into_iter().enumerate() {
+            let e = b.ev("rejected", "cust-960", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        // A manual decision closing a review case (after the race above).
+        let e = b.ev(
+            "race",
+            "cust-700",
+            s,
+            None,
+            500,
+            "decision",
+            Body::ManualDecision {
+                actor: "ana".into(),
+                decision: Decision::Confirm,
+                note: "CRM shows v5 from worker w-1; w-2 was a stale retry".into(),
+                evidence_checked: vec!["crm record".into(), "worker logs".into()],
+            },
+        );
+        b.push(e);
+        // Garbage.
+        b.records.push(DemoRecord::Raw { key: format!("cust-x-{copy}").into_bytes(), value: Some(b"\x00\x01 not avro at all".to_vec()), what: "random bytes" });
+        b.records.push(DemoRecord::Raw { key: format!("cust-y-{copy}").into_bytes(), value: None, what: "null value" });
+        b.records.push(DemoRecord::Raw {
+            key: format!("cust-z-{copy}").into_bytes(),
+            value: Some(br#"{"event_id":"json-1","body":"Requested"}"#.to_vec()),
+            what: "JSON instead of Avro",
+        });
+        let e = b.ev("misrouted", "cust-990", s, Some(1), 0, "e0", requested(1, true, true));
+        b.records.push(DemoRecord::Misrouted(e));
+    }
+    b.records
+}
+
+/// Per-type confirmation windows of the demo (short, so it ends quickly).
+pub fn demo_types() -> [(&'static str, i64); 2] {
+    [("sync_customer", 3_000), ("send_invoice", 4_000)]
+}
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::codec::Codec;
+use crate::config::{Config, TypeConfig};
+use crate::core::memory::MemoryEngine;
+use crate::core::{Output, SourcePos, Verdict};
+use crate::kafka::producer::Publisher;
+use crate::kafka::reader::TopicReader;
+use crate::kafka::KafkaError;
+use crate::pipeline::{system_clock, Pipeline, PipelineError};
+use crate::store::OutboxRecord;
+
+/// What the demo saw on the output topics.
+#[derive(Debug, Default)]
+pub struct DemoReport {
+    pub published: usize,
+    pub expected_verdicts: usize,
+    pub verdicts: Vec<Verdict>,
+    pub anomalies: BTreeMap<String, usize>,
+    pub dead_letters: usize,
+    pub settled: bool,
+}
+
+/// Adds the demo's per-type windows to a config.
+pub fn configure(cfg: &mut Config) {
+    for (ty, ms) in demo_types() {
+        cfg.types.entry(ty.to_owned()).or_insert(TypeConfig { confirm_within_ms: Some(ms), max_attempts: None });
+    }
+}
+
+/// What the core decides for the workload when every timer up to
+/// `horizon` (event time) has fired: the outputs and the final state.
+pub fn predict(cfg: &Config, records: &[DemoRecord], horizon: i64) -> (Vec<Output>, MemoryEngine) {
+    let policy = cfg.policy();
+    let mut engine = MemoryEngine::new();
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for r in records {
+        if let DemoRecord::Event(e) = r {
+            engine.process(&policy, e.clone(), SourcePos { partition: 0, offset }, &mut out);
+            offset += 1;
+        }
+    }
+    loop {
+        let due = engine.due_timers(horizon);
+        if due.is_empty() {
+            break;
+        }
+        for e in due {
+            engine.process(&policy, e, SourcePos { partition: 0, offset }, &mut out);
+            offset += 1;
+        }
+    }
+    (out, engine)
+}
+
+/// The verdicts the core predicts once every confirmation deadline (but no
+/// retention) has passed.
+pub fn predicted_verdicts(cfg: &Config, records: &[DemoRecord], start: i64) -> Vec<Verdict> {
+    predict(cfg, records, start + 3_600_000)
+        .0
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Verdict(v) => Some(v),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Publishes the workload to the input topic (the entity id as key, except
+/// for the deliberately broken records).
+pub fn publish(cfg: &Config, records: &[DemoRecord]) -> Result<usize, PipelineError> {
+    let codec = Codec::new();
+    let mut out = Vec::new();
+    for r in records {
+        let (key, value) = match r {
+            DemoRecord::Event(e) => (e.entity_id.clone().into_bytes(), Some(codec.encode_event(e)?)),
+            DemoRecord::Raw { key, value, .. } => (key.clone(), value.clone()),
+            DemoRecord::Misrouted(e) => (format!("not-{}", e.entity_id).into_bytes(), Some(codec.encode_event(e)?)),
+        };
+        out.push(OutboxRecord { topic: cfg.topics.events.clone(), key: Some(key), value, headers: vec![] });
+    }
+    let publisher = Publisher::new(&cfg.kafka)?;
+    Ok(publisher.publish_all(out.iter().map(|r| (r, None)))?)
+}
+
+/// Runs the whole demo: publish, run the pipeline until the verdicts the
+/// core predicts have all arrived (or `timeout`), and report what arrived.
+pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport, PipelineError> {
+    let start = (system_clock())();
+    let records = workload(start, copies);
+    let predicted = predicted_verdicts(cfg, &records, start);
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let mut pipeline = Pipeline::new(cfg.clone(), system_clock())?;
+    let published = publish(cfg, &records)?;
+    let flag = shutdown.clone();
+    let worker = std::thread::spawn(move || pipeline.run(&flag).map(|_| pipeline.stats));
+    let t = &cfg.topics;
+    let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies, &t.dlq], t.partitions)?;
+    let verdict_topic = t.verdicts.clone();
+    let codec = Codec::new();
+    let want = predicted.len();
+    let settled = reader.read_until(timeout, |recs| {
+        let distinct: std::collections::HashSet<&[u8]> =
+            recs.iter().filter(|r| r.topic == verdict_topic).filter_map(|r| r.value.as_deref()).collect();
+        distinct.len() >= want
+    });
+    // Let the tail of anomalies and dead letters arrive as well.
+    reader.read_until(Duration::from_millis(500), |_| false);
+    shutdown.store(true, Ordering::SeqCst);
+    match worker.join() {
+        Ok(r) => {
+            r?;
+        }
+        Err(_) => return Err(KafkaError::Other("the pipeline thread panicked".into()).into()),
+    }
+    let mut seen = HashMap::new();
+    for r in reader.of(&t.verdicts) {
+        if let Some(v) = r.value.as_deref().and_then(|b| codec.decode_verdict(b).ok()) {
+            seen.entry(v.verdict_id.clone()).or_insert(v);
+        }
+    }
+    let mut verdicts: Vec<Verdict> = seen.into_values().collect();
+    verdicts.sort_by(|a, b| (a.decided_at, &a.operation_id).cmp(&(b.decided_at, &b.operation_id)));
+    let mut anomalies = BTreeMap::new();
+    let mut anomaly_ids = std::collections::HashSet::new();
+    for r in reader.of(&t.anomalies) {
+        if let Some(a) = r.value.as_deref().and_then(|b| codec.decode_anomaly(b).ok()) {
+            if anomaly_ids.insert(a.anomaly_id.clone()) {
+                *anomalies.entry(a.kind.as_str().to_owned()).or_default() += 1;
+            }
+        }
+    }
+    Ok(DemoReport {
+        published,
+        expected_verdicts: want,
+        verdicts,
+        anomalies,
+        dead_letters: reader.of(&t.dlq).count(),
+        settled,
+    })
+}

@@ -1,0 +1,151 @@
+//! The consumer-group member. Offsets live in the state store, not in the
+//! group: on assignment each partition starts at the offset stored beside
+//! its state (or at the beginning, which rebuilds the state by replay), and
+//! group offsets are committed only so that lag is visible to tools.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaResult;
+use rdkafka::topic_partition_list::TopicPartitionList;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset};
+use tracing::{info, warn};
+
+use super::{client_config, KafkaError, Record};
+use crate::store::Store;
+
+/// What the rebalance callback tells the run loop.
+#[derive(Debug, Default)]
+pub struct Assignment {
+    /// Owned partitions and the next offset to apply in each.
+    pub owned: BTreeMap<i32, i64>,
+    /// Partitions revoked since the loop last looked.
+    pub revoked: BTreeSet<i32>,
+}
+
+/// Seeks assigned partitions to the offsets in the store.
+pub struct GroupContext {
+    store: Arc<Store>,
+    topic: String,
+    pub assignment: Arc<Mutex<Assignment>>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let mut a = self.assignment.lock().expect("not poisoned");
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                for p in partitions {
+                    let next = match self.store.next_offset(p) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            warn!(partition = p, error = %e, "Cannot read the stored offset; starting from the beginning");
+                            None
+                        }
+                    };
+                    let offset = next.map_or(Offset::Beginning, Offset::Offset);
+                    if let Err(e) = tpl.set_partition_offset(&self.topic, p, offset) {
+                        warn!(partition = p, error = %e, "Cannot set the start offset");
+                    }
+                    a.owned.insert(p, next.unwrap_or(0));
+                    a.revoked.remove(&p);
+                    info!(partition = p, next_offset = ?next, "Partition assigned; resuming from the stored offset");
+                }
+                if let Err(e) = consumer.assign(tpl) {
+                    warn!(error = %e, "Assign failed");
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                for e in tpl.elements() {
+                    a.owned.remove(&e.partition());
+                    a.revoked.insert(e.partition());
+                    info!(partition = e.partition(), "Partition revoked; no more writes for it");
+                }
+                if let Err(e) = consumer.unassign() {
+                    warn!(error = %e, "Unassign failed");
+                }
+            }
+            other => warn!(error = ?other, "Rebalance error"),
+        }
+    }
+}
+
+/// A subscribed consumer that hands out batches of owned records.
+pub struct GroupConsumer {
+    consumer: BaseConsumer<GroupContext>,
+    topic: String,
+    pub assignment: Arc<Mutex<Assignment>>,
+}
+
+impl GroupConsumer {
+    pub fn new(kafka: &BTreeMap<String, String>, group_id: &str, topic: &str, store: Arc<Store>) -> Result<Self, KafkaError> {
+        let assignment = Arc::new(Mutex::new(Assignment::default()));
+        let ctx = GroupContext { store, topic: topic.to_owned(), assignment: assignment.clone() };
+        let consumer: BaseConsumer<GroupContext> = client_config(
+            kafka,
+            &[
+                ("group.id", group_id),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("auto.offset.reset", "earliest"),
+                ("enable.partition.eof", "false"),
+            ],
+        )
+        .create_with_context(ctx)
+        .map_err(KafkaError::client("creating the consumer"))?;
+        consumer.subscribe(&[topic]).map_err(KafkaError::client(format!("subscribing to {topic}")))?;
+        Ok(GroupConsumer { consumer, topic: topic.to_owned(), assignment })
+    }
+
+    /// Up to `max` records, waiting at most `wait` for the first and then
+    /// taking what is already fetched. Records of partitions revoked during
+    /// the wait are left out (the new owner consumes them).
+    pub fn poll_batch(&self, max: usize, wait: Duration) -> Result<Vec<Record>, KafkaError> {
+        let mut out = Vec::new();
+        let until = Instant::now() + wait;
+        while out.len() < max {
+            let left = until.saturating_duration_since(Instant::now());
+            let timeout = if out.is_empty() { left } else { Duration::ZERO };
+            match self.consumer.poll(timeout) {
+                Some(Ok(m)) => out.push(Record::from_message(&m)),
+                Some(Err(e)) => warn!(error = %e, "Consumer error"),
+                None => {
+                    if !out.is_empty() || left.is_zero() {
+                        break;
+                    }
+                }
+            }
+        }
+        let mut a = self.assignment.lock().expect("not poisoned");
+        if !a.revoked.is_empty() {
+            let owned = &a.owned;
+            out.retain(|r| owned.contains_key(&r.partition));
+            a.revoked.clear();
+        }
+        Ok(out)
+    }
+
+    /// Commits group offsets (for lag visibility only).
+    pub fn commit_for_visibility(&self, offsets: &BTreeMap<i32, i64>) {
+        let mut tpl = TopicPartitionList::new();
+        for (p, next) in offsets {
+            if tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*next)).is_err() {
+                return;
+            }
+        }
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+            warn!(error = %e, "Committing group offsets failed (lag display only)");
+        }
+    }
+
+    /// The broker's high watermark of `partition` (one round trip).
+    pub fn high_watermark(&self, partition: i32) -> KafkaResult<i64> {
+        self.consumer.fetch_watermarks(&self.topic, partition, Duration::from_secs(1)).map(|(_, high)| high)
+    }
+}

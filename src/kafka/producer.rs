@@ -1,0 +1,102 @@
+//! The acknowledged publisher: sends records and waits until the broker
+//! acknowledged every one of them (or reports that some failed).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::ClientContext;
+
+use super::{client_config, KafkaError};
+use crate::store::OutboxRecord;
+
+/// Counts failed deliveries between two flushes.
+#[derive(Default)]
+pub struct AckContext {
+    failed: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl ClientContext for AckContext {}
+
+impl ProducerContext for AckContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            *self.last_error.lock().expect("not poisoned") = Some(e.to_string());
+        }
+    }
+}
+
+/// Settings every producer of the reconciler needs: the Java client's
+/// partitioner (so Java and Rust agree on an entity's partition),
+/// idempotence, and lz4 (snappy is not universally readable).
+pub const PRODUCER_SETTINGS: [(&str, &str); 4] = [
+    ("partitioner", "murmur2_random"),
+    ("enable.idempotence", "true"),
+    ("compression.type", "lz4"),
+    ("linger.ms", "5"),
+];
+
+/// Publishes batches of records and waits for their acknowledgements.
+pub struct Publisher {
+    producer: BaseProducer<AckContext>,
+    flush_timeout: Duration,
+}
+
+impl Publisher {
+    pub fn new(kafka: &BTreeMap<String, String>) -> Result<Publisher, KafkaError> {
+        let producer = client_config(kafka, &PRODUCER_SETTINGS)
+            .create_with_context(AckContext::default())
+            .map_err(KafkaError::client("creating the producer"))?;
+        Ok(Publisher { producer, flush_timeout: Duration::from_secs(30) })
+    }
+
+    /// Sends every record (to `partition` when given, else by key) and
+    /// returns once all are acknowledged; an error if any was not.
+    pub fn publish_all<'a>(&self, records: impl IntoIterator<Item = (&'a OutboxRecord, Option<i32>)>) -> Result<usize, KafkaError> {
+        let ctx = self.producer.context();
+        ctx.failed.store(0, Ordering::SeqCst);
+        let mut sent = 0;
+        for (rec, partition) in records {
+            let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+            for (k, v) in &rec.headers {
+                headers = headers.insert(Header { key: k, value: v.as_deref() });
+            }
+            let mut br: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&rec.topic).headers(headers);
+            if let Some(k) = &rec.key {
+                br = br.key(k.as_slice());
+            }
+            if let Some(v) = &rec.value {
+                br = br.payload(v.as_slice());
+            }
+            if let Some(p) = partition {
+                br = br.partition(p);
+            }
+            loop {
+                match self.producer.send(br) {
+                    Ok(()) => break,
+                    Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        br = back;
+                        self.producer.poll(Duration::from_millis(10));
+                    }
+                    Err((e, _)) => return Err(KafkaError::Client { context: format!("sending to {}", rec.topic), source: e }),
+                }
+            }
+            sent += 1;
+        }
+        self.producer.flush(self.flush_timeout).map_err(KafkaError::client("waiting for acknowledgements"))?;
+        let failed = ctx.failed.load(Ordering::SeqCst);
+        if failed > 0 {
+            let last = ctx.last_error.lock().expect("not poisoned").take().unwrap_or_default();
+            return Err(KafkaError::Other(format!("{failed} of {sent} records were not acknowledged: {last}")));
+        }
+        Ok(sent)
+    }
+}

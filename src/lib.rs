@@ -1,0 +1,31 @@
+//! # reconciler
+//!
+//! A Kafka stream processor that proves whether asynchronous work really
+//! happened. Services publish the lifecycle of each operation; the
+//! reconciler keeps each operation's state in RocksDB, detects duplicate,
+//! out-of-order, conflicting and overdue events, and publishes verdicts,
+//! anomalies and dead letters.
+//!
+//! # Layout
+//!
+//! - [`core`]: the pure, deterministic state machine (no IO, no clock).
+//!   - `core/detect.rs`: duplicates, order, conflicts, the reorder buffer; [`core::apply`].
+//!   - `core/operation.rs`: per-operation state and transitions.
+//!   - `core/verdict.rs`: verdicts, anomalies, repair commands, deterministic ids.
+//!   - `core/deadline.rs`: timers (confirmation deadlines, reorder windows, retention).
+//! - [`codec`]: Avro single-object encoding against the schemas in `schemas/`.
+//! - [`store`]: RocksDB state, timer index, offsets and outbox, written atomically.
+//! - [`kafka`]: consumer-group member, acknowledged publisher, topic admin, reader.
+//! - [`pipeline`]: the run loop wiring them together, and the timer wheel.
+//! - [`config`], [`cli`]: configuration and command line.
+//! - [`demo`], [`report`]: the demo workload and its summary.
+
+pub mod cli;
+pub mod codec;
+pub mod config;
+pub mod core;
+pub mod demo;
+pub mod kafka;
+pub mod pipeline;
+pub mod report;
+pub mod store;

@@ -1,0 +1,333 @@
+//! The run loop: consume a batch → decode → core → one atomic store write
+//! (state, timers, offsets, outbox) → publish the outbox and await acks →
+//! forget it. Plus the timer wheel that turns due deadlines into
+//! `DeadlineReached` events in the log.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use crate::codec::{validate_key, Codec, DecodeError, EncodeError};
+use crate::config::Config;
+use crate::core::{self, Disposition, EntityState, Event, OperationState, Output, Policy, SourcePos};
+use crate::kafka::consumer::GroupConsumer;
+use crate::kafka::producer::Publisher;
+use crate::kafka::{admin, KafkaError, Record};
+use crate::store::{Batch, OutboxRecord, Store, StoreError};
+
+/// Why the pipeline stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+}
+
+/// Wall-clock milliseconds; injected so tests can move time.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// The system clock.
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    })
+}
+
+/// Counts of what the pipeline did, for logs and the demo.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub records: u64,
+    pub by_disposition: BTreeMap<&'static str, u64>,
+    pub dead_letters: BTreeMap<&'static str, u64>,
+    pub verdicts: u64,
+    pub anomalies: u64,
+    pub commands: u64,
+    pub timers_fired: u64,
+    pub batches: u64,
+}
+
+/// Everything `run` needs, built from the config.
+pub struct Pipeline {
+    cfg: Config,
+    policy: Policy,
+    codec: Codec,
+    store: Arc<Store>,
+    consumer: GroupConsumer,
+    publisher: Publisher,
+    clock: Clock,
+    /// Timers published but not yet consumed back: (operation, due time).
+    fired: HashSet<(String, i64)>,
+    pub stats: Stats,
+}
+
+/// Adds the provenance headers of SPEC §8 to a dead letter.
+fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
+    let mut headers = r.headers.clone();
+    let mut add = |k: &str, v: String| headers.push((k.to_owned(), Some(v.into_bytes())));
+    add("reconciler.error.class", err.class().to_owned());
+    add("reconciler.error.message", err.to_string());
+    add("reconciler.source.topic", r.topic.clone());
+    add("reconciler.source.partition", r.partition.to_string());
+    add("reconciler.source.offset", r.offset.to_string());
+    add("reconciler.source.timestamp", r.timestamp.map_or_else(String::new, |t| t.to_string()));
+    OutboxRecord { topic: topic.to_owned(), key: r.key.clone(), value: r.value.clone(), headers }
+}
+
+impl Pipeline {
+    /// Opens the store, creates missing topics, joins the group.
+    pub fn new(cfg: Config, clock: Clock) -> Result<Pipeline, PipelineError> {
+        let t = &cfg.topics;
+        admin::ensure_topics(
+            &cfg.kafka,
+            &[&t.events, &t.verdicts, &t.anomalies, &t.dlq, &t.commands],
+            t.partitions,
+            t.replication_factor,
+        )?;
+        std::fs::create_dir_all(&cfg.state_dir).map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
+        let store = Arc::new(Store::open(&cfg.state_dir, &t.events, cfg.sync_writes)?);
+        let publisher = Publisher::new(&cfg.kafka)?;
+        let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
+        Ok(Pipeline {
+            policy: cfg.policy(),
+            cfg,
+            codec: Codec::new(),
+            store,
+            consumer,
+            publisher,
+            clock,
+            fired: HashSet::new(),
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Runs until `shutdown` is set; the batch in hand is finished first.
+    pub fn run(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        self.republish_outbox(shutdown)?;
+        let wait = Duration::from_millis(self.cfg.consumer.batch_wait_ms);
+        let timer_every = Duration::from_millis(self.cfg.time.timer_interval_ms);
+        let mut last_timers = Instant::now();
+        info!(topic = %self.cfg.topics.events, group = %self.cfg.consumer.group_id, "Pipeline running");
+        while !shutdown.load(Ordering::SeqCst) {
+            let records = self.consumer.poll_batch(self.cfg.consumer.batch_size, wait)?;
+            if !records.is_empty() {
+                self.process(records, shutdown)?;
+            }
+            if last_timers.elapsed() >= timer_every {
+                last_timers = Instant::now();
+                self.fire_timers()?;
+            }
+        }
+        info!(records = self.stats.records, verdicts = self.stats.verdicts, "Pipeline stopped");
+        Ok(())
+    }
+
+    /// Outputs of a previous run that were stored but maybe not acknowledged.
+    fn republish_outbox(&self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        let pending = self.store.pending_outbox()?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        info!(records = pending.len(), "Re-publishing the outbox of the previous run");
+        let (first, last) = (pending[0].0, pending[pending.len() - 1].0);
+        self.publish_with_retry(pending.iter().map(|(_, r)| r).collect(), shutdown)?;
+        self.store.ack_outbox(first..last + 1)?;
+        Ok(())
+    }
+
+    /// Publishes until acknowledged; waits out broker outages rather than
+    /// moving on (order and completeness matter more than progress).
+    fn publish_with_retry(&self, records: Vec<&OutboxRecord>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.publisher.publish_all(records.iter().map(|r| (*r, None))) {
+                Ok(_) => return Ok(()),
+                Err(e) if !shutdown.load(Ordering::SeqCst) => {
+                    warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "Publishing outputs failed; retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn decode(&self, r: &Record) -> Result<Event, DecodeError> {
+        let size = r.size();
+        if size > self.cfg.consumer.max_record_bytes {
+            return Err(DecodeError::Oversize { size, limit: self.cfg.consumer.max_record_bytes });
+        }
+        let value = r.value.as_deref().ok_or(DecodeError::NullValue)?;
+        let ev = self.codec.decode_event(value)?;
+        validate_key(r.key.as_deref(), &ev)?;
+        Ok(ev)
+    }
+
+    fn output_record(&self, o: &Output) -> Result<OutboxRecord, EncodeError> {
+        let t = &self.cfg.topics;
+        let (topic, value) = match o {
+            Output::Verdict(v) => (&t.verdicts, self.codec.encode_verdict(v)?),
+            Output::Anomaly(a) => (&t.anomalies, self.codec.encode_anomaly(a)?),
+            Output::Command(c) => (&t.commands, self.codec.encode_command(c)?),
+        };
+        Ok(OutboxRecord { topic: topic.clone(), key: Some(o.entity_id().as_bytes().to_vec()), value: Some(value), headers: Vec::new() })
+    }
+
+    /// Applies one batch and makes it durable and published.
+    fn process(&mut self, records: Vec<Record>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        let started = Instant::now();
+        let mut next: BTreeMap<i32, i64> = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
+        // (partition, op) → (timer in the index before the batch, state)
+        let mut ops: HashMap<(i32, String), (Option<i64>, Option<OperationState>)> = HashMap::new();
+        let mut entities: HashMap<(i32, String), EntityState> = HashMap::new();
+        let mut batch = Batch::default();
+        let mut outputs = Vec::new();
+        let mut touched: BTreeMap<i32, i64> = BTreeMap::new();
+        for r in &records {
+            let Some(expected) = next.get(&r.partition).copied() else { continue };
+            if r.offset < expected {
+                continue; // applied before a restart or a seek: never twice
+            }
+            next.insert(r.partition, r.offset + 1);
+            touched.insert(r.partition, r.offset + 1);
+            self.stats.records += 1;
+            let ev = match self.decode(r) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    debug!(partition = r.partition, offset = r.offset, class = e.class(), error = %e, "Dead-lettering a record");
+                    *self.stats.dead_letters.entry(e.class()).or_default() += 1;
+                    batch.publish(dead_letter(&self.cfg.topics.dlq, r, &e));
+                    continue;
+                }
+            };
+            if let core::Body::DeadlineReached { deadline } = ev.body {
+                self.fired.remove(&(ev.operation_id.clone(), deadline));
+            }
+            let p = r.partition;
+            let op_key = (p, ev.operation_id.clone());
+            if !ops.contains_key(&op_key) {
+                let state = self.store.get_op(p, &ev.operation_id)?;
+                ops.insert(op_key.clone(), (state.as_ref().and_then(|s| s.timer_at), state));
+            }
+            let ent_key = (p, ev.entity_id.clone());
+            if !entities.contains_key(&ent_key) {
+                entities.insert(ent_key.clone(), self.store.get_entity(p, &ev.entity_id)?);
+            }
+            let slot = &mut ops.get_mut(&op_key).expect("inserted above").1;
+            let entity = entities.get_mut(&ent_key).expect("inserted above");
+            let pos = SourcePos { partition: p, offset: r.offset };
+            let d = core::apply(&self.policy, slot, entity, ev, pos, &mut outputs);
+            *self.stats.by_disposition.entry(d.as_str()).or_default() += 1;
+            if d == Disposition::Held {
+                debug!(operation_id = %op_key.1, partition = p, offset = r.offset, "Event held for reordering");
+            }
+            for o in outputs.drain(..) {
+                match &o {
+                    Output::Verdict(v) => {
+                        self.stats.verdicts += 1;
+                        info!(operation_id = %v.operation_id, entity_id = %v.entity_id, outcome = v.outcome.as_str(), action = v.action.as_str(), "Verdict");
+                    }
+                    Output::Anomaly(a) => {
+                        self.stats.anomalies += 1;
+                        debug!(operation_id = %a.operation_id, entity_id = %a.entity_id, kind = a.kind.as_str(), "Anomaly");
+                    }
+                    Output::Command(_) => self.stats.commands += 1,
+                }
+                batch.publish(self.output_record(&o)?);
+            }
+        }
+        if touched.is_empty() {
+            return Ok(());
+        }
+        for ((p, op_id), (before, state)) in ops {
+            let after = state.as_ref().and_then(|s| s.timer_at);
+            if before != after {
+                if let Some(at) = before {
+                    batch.timers_removed.push((p, at, op_id.clone()));
+                }
+                if let (Some(at), Some(s)) = (after, &state) {
+                    batch.timers_added.push((
+                        p,
+                        crate::store::TimerEntry {
+                            at,
+                            operation_id: op_id.clone(),
+                            entity_id: s.entity_id.clone(),
+                            operation_type: s.operation_type.clone(),
+                        },
+                    ));
+                }
+            }
+            batch.put_op(p, op_id, state);
+        }
+        for ((p, id), e) in entities {
+            batch.put_entity(p, id, e);
+        }
+        for (p, n) in &touched {
+            batch.set_offset(*p, *n);
+        }
+        let to_publish = batch.outbox.clone();
+        let seqs = self.store.commit(batch)?;
+        self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        self.store.ack_outbox(seqs)?;
+        {
+            let mut a = self.consumer.assignment.lock().expect("not poisoned");
+            for (p, n) in &touched {
+                if let Some(slot) = a.owned.get_mut(p) {
+                    *slot = (*slot).max(*n);
+                }
+            }
+        }
+        self.consumer.commit_for_visibility(&touched);
+        self.stats.batches += 1;
+        debug!(records = records.len(), elapsed_us = started.elapsed().as_micros() as u64, "Batch committed");
+        Ok(())
+    }
+
+    /// Publishes `DeadlineReached` for due timers of owned, caught-up
+    /// partitions. A partition still catching up (replay) fires nothing: its
+    /// deadline events may still be ahead in the log.
+    fn fire_timers(&mut self) -> Result<(), PipelineError> {
+        let now = (self.clock)();
+        let owned = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
+        let mut events = Vec::new();
+        for (p, next) in owned {
+            match self.consumer.high_watermark(p) {
+                Ok(high) if high >= 0 && next >= high => {}
+                _ => continue,
+            }
+            for t in self.store.due_timers(p, now, 10_000)? {
+                if self.fired.contains(&(t.operation_id.clone(), t.at)) {
+                    continue;
+                }
+                let ev = Event::deadline_reached(&t.operation_id, &t.entity_id, &t.operation_type, t.at);
+                let rec = OutboxRecord {
+                    topic: self.cfg.topics.events.clone(),
+                    key: Some(t.entity_id.clone().into_bytes()),
+                    value: Some(self.codec.encode_event(&ev)?),
+                    headers: Vec::new(),
+                };
+                events.push((rec, p, (t.operation_id, t.at)));
+            }
+        }
+        if events.is_empty() {
+            return Ok(());
+        }
+        // To the operation's own partition, whatever the key would hash to:
+        // the timer must be judged by the owner of the operation's state.
+        self.publisher.publish_all(events.iter().map(|(r, p, _)| (r, Some(*p))))?;
+        // Only once acknowledged: a failed firing is retried next tick.
+        self.fired.extend(events.iter().map(|(_, _, k)| k.clone()));
+        self.stats.timers_fired += events.len() as u64;
+        debug!(count = events.len(), "Timers fired");
+        Ok(())
+    }
+}

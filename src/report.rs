@@ -1,0 +1,41 @@
+//! Human-readable summaries for the terminal.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::demo::DemoReport;
+
+/// The demo's summary: verdicts by outcome and action, anomalies by kind,
+/// dead letters, and a few example verdicts with their reasons.
+pub fn render(r: &DemoReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "\n== reconciler demo ==");
+    let _ = writeln!(
+        s,
+        "published {} input records; {} distinct verdicts arrived ({} predicted by the core)\n",
+        r.published,
+        r.verdicts.len(),
+        r.expected_verdicts
+    );
+    let mut by: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for v in &r.verdicts {
+        *by.entry((v.outcome.as_str(), v.action.as_str())).or_default() += 1;
+    }
+    let _ = writeln!(s, "Verdicts by outcome / action");
+    for ((o, a), n) in &by {
+        let _ = writeln!(s, "  {o:<18} {a:<14} {n:>4}");
+    }
+    let _ = writeln!(s, "\nAnomalies by kind");
+    for (k, n) in &r.anomalies {
+        let _ = writeln!(s, "  {k:<24} {n:>4}");
+    }
+    let _ = writeln!(s, "\nDead letters: {}\n", r.dead_letters);
+    let _ = writeln!(s, "Example verdicts");
+    let mut shown = std::collections::BTreeSet::new();
+    for v in &r.verdicts {
+        if shown.insert((v.outcome, v.action)) {
+            let _ = writeln!(s, "  {} {}/{} [{}]\n    {}", v.operation_id, v.outcome.as_str(), v.action.as_str(), v.state.as_str(), v.reason);
+        }
+    }
+    s
+}

@@ -1,0 +1,91 @@
+//! Durable state: operations, entities, the timer index, consumed offsets
+//! and the outbox, in RocksDB column families.
+//!
+//! One [`Batch`] holds everything a consumed batch of records changed:
+//! state, timers, the next offset of each partition and the outputs still to
+//! publish. It is written atomically, so a crash at any point either loses
+//! the whole batch (it is consumed again and gives the same result) or keeps
+//! all of it (its outputs are re-published from the outbox).
+
+mod keys;
+mod rocks;
+
+pub use rocks::{Store, StoreError};
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::{EntityState, OperationState};
+
+/// A record to publish, exactly as it will go to the broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxRecord {
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// A due timer of the index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerEntry {
+    pub at: i64,
+    pub operation_id: String,
+    pub entity_id: String,
+    pub operation_type: String,
+}
+
+/// Everything one consumed batch changed, written atomically.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub(crate) ops: Vec<(i32, String, Option<OperationState>)>,
+    pub(crate) entities: Vec<(i32, String, EntityState)>,
+    pub(crate) timers_removed: Vec<(i32, i64, String)>,
+    pub(crate) timers_added: Vec<(i32, TimerEntry)>,
+    pub(crate) offsets: Vec<(i32, i64)>,
+    pub(crate) outbox: Vec<OutboxRecord>,
+}
+
+impl Batch {
+    /// Sets (or, with `None`, deletes) an operation's state.
+    pub fn put_op(&mut self, partition: i32, operation_id: String, state: Option<OperationState>) {
+        self.ops.push((partition, operation_id, state));
+    }
+
+    pub fn put_entity(&mut self, partition: i32, entity_id: String, state: EntityState) {
+        self.entities.push((partition, entity_id, state));
+    }
+
+    /// Moves an operation's timer in the index.
+    pub fn move_timer(&mut self, partition: i32, op: &OperationState, from: Option<i64>, to: Option<i64>) {
+        if from == to {
+            return;
+        }
+        if let Some(at) = from {
+            self.timers_removed.push((partition, at, op.operation_id.clone()));
+        }
+        if let Some(at) = to {
+            self.timers_added.push((
+                partition,
+                TimerEntry {
+                    at,
+                    operation_id: op.operation_id.clone(),
+                    entity_id: op.entity_id.clone(),
+                    operation_type: op.operation_type.clone(),
+                },
+            ));
+        }
+    }
+
+    /// Records that everything before `next_offset` of `partition` is applied.
+    pub fn set_offset(&mut self, partition: i32, next_offset: i64) {
+        self.offsets.push((partition, next_offset));
+    }
+
+    pub fn publish(&mut self, record: OutboxRecord) {
+        self.outbox.push(record);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.entities.is_empty() && self.offsets.is_empty() && self.outbox.is_empty()
+    }
+}

@@ -1,0 +1,345 @@
+//! Codec: round trips of every record type and body, schema evolution from
+//! the shipped older version, every decode error, no panics on garbage, and
+//! the schema files agreeing with the Rust types.
+
+use apache_avro::types::Value;
+use apache_avro::Schema;
+use proptest::prelude::*;
+use reconciler::codec::{validate_key, Codec, DecodeError, SchemaKind};
+use reconciler::core::event::{Body, Decision, EffectObserved, ErrorClass, Event, EvidenceSource, Requested};
+use reconciler::core::output::*;
+
+fn event(body: Body, seq: Option<i64>) -> Event {
+    Event {
+        event_id: "e-1".into(),
+        operation_id: "op-1".into(),
+        entity_id: "cust-1".into(),
+        operation_type: "sync_customer".into(),
+        seq,
+        occurred_at: 1_700_000_000_000,
+        producer: "svc".into(),
+        body,
+    }
+}
+
+fn all_bodies() -> Vec<Body> {
+    vec![
+        Body::Requested(Requested {
+            expected_version: Some(7),
+            expected_fingerprint: Some("sha:1".into()),
+            idempotency_key: Some("k".into()),
+            idempotent: true,
+            destination: "crm".into(),
+            confirm_within_ms: Some(1000),
+            max_attempts: Some(5),
+        }),
+        Body::Requested(Requested { idempotent: false, destination: "crm".into(), ..Default::default() }),
+        Body::Started { attempt: 1, worker: "w".into() },
+        Body::AttemptFailed {
+            attempt: 2,
+            error_class: ErrorClass::Transient,
+            error_code: "503".into(),
+            detail: "busy".into(),
+            next_attempt_at: Some(5),
+        },
+        Body::AttemptFailed {
+            attempt: 2,
+            error_class: ErrorClass::Permanent,
+            error_code: "422".into(),
+            detail: "bad".into(),
+            next_attempt_at: None,
+        },
+        Body::OutcomeUnknown { attempt: 1, detail: "timeout".into() },
+        Body::EffectObserved(EffectObserved {
+            remote_id: Some("r".into()),
+            observed_version: Some(7),
+            observed_fingerprint: None,
+            source: EvidenceSource::Receipt,
+            evidence_ref: Some("rcpt".into()),
+        }),
+        Body::EffectAbsent { source: EvidenceSource::DestinationQuery, evidence_ref: None },
+        Body::Compensated { actor: "ops".into(), reason: "refund".into() },
+        Body::Cancelled { reason: "deleted".into() },
+        Body::ManualDecision {
+            actor: "ana".into(),
+            decision: Decision::Close,
+            note: "n".into(),
+            evidence_checked: vec!["a".into()],
+        },
+        Body::DeadlineReached { deadline: 42 },
+    ]
+}
+
+#[test]
+fn every_body_round_trips() {
+    let codec = Codec::new();
+    for body in all_bodies() {
+        for seq in [None, Some(3)] {
+            let ev = event(body.clone(), seq);
+            let bytes = codec.encode_event(&ev).unwrap();
+            assert_eq!(&bytes[..2], &[0xC3, 0x01]);
+            assert_eq!(codec.decode_event(&bytes).unwrap(), ev);
+        }
+    }
+}
+
+fn verdict() -> Verdict {
+    Verdict {
+        verdict_id: "v".into(),
+        operation_id: "op".into(),
+        entity_id: "e".into(),
+        operation_type: "t".into(),
+        outcome: Outcome::DuplicateEffect,
+        action: Action::Compensate,
+        state: Status::ManualReview,
+        reason: "r".into(),
+        decided_at: 9,
+        trigger_event_id: "x".into(),
+        evidence: Evidence {
+            expected_version: None,
+            expected_fingerprint: Some("f".into()),
+            observed_version: Some(1),
+            observed_fingerprint: None,
+            remote_ids: vec!["a".into(), "b".into()],
+            idempotency_key: None,
+            attempts: 3,
+            requested_at: None,
+            last_event_at: 8,
+            events_applied: 5,
+            duplicates_seen: 2,
+            out_of_order_seen: 1,
+            trigger_partition: 4,
+            trigger_offset: 77,
+            manual_decision: Some(ManualDecisionRecord {
+                actor: "ana".into(),
+                decision: Decision::Compensate,
+                note: "n".into(),
+                evidence_checked: vec![],
+            }),
+        },
+    }
+}
+
+#[test]
+fn outputs_round_trip() {
+    let codec = Codec::new();
+    let v = verdict();
+    assert_eq!(codec.decode_verdict(&codec.encode_verdict(&v).unwrap()).unwrap(), v);
+    for kind in AnomalyKind::ALL {
+        let a = Anomaly {
+            anomaly_id: "a".into(),
+            kind,
+            operation_id: "op".into(),
+            entity_id: "e".into(),
+            operation_type: "t".into(),
+            event_id: "ev".into(),
+            seq: Some(2),
+            expected_seq: None,
+            missing_seqs: vec![2, 3],
+            detected_at: 5,
+            detail: "d".into(),
+            source_partition: 1,
+            source_offset: 2,
+        };
+        assert_eq!(codec.decode_anomaly(&codec.encode_anomaly(&a).unwrap()).unwrap(), a);
+    }
+    let c = RepairCommand {
+        command_id: "c".into(),
+        verdict_id: "v".into(),
+        operation_id: "op".into(),
+        entity_id: "e".into(),
+        operation_type: "t".into(),
+        action: RepairAction::Probe,
+        idempotency_key: Some("k".into()),
+        destination: "crm".into(),
+        expected_version: Some(1),
+        expected_fingerprint: None,
+        issued_at: 3,
+    };
+    assert_eq!(codec.decode_command(&codec.encode_command(&c).unwrap()).unwrap(), c);
+}
+
+/// Symbols of a named enum anywhere inside a schema's JSON.
+fn symbols(file: &str, name: &str) -> Vec<String> {
+    fn find(v: &serde_json::Value, name: &str) -> Option<Vec<String>> {
+        match v {
+            serde_json::Value::Object(m) => {
+                if m.get("type").and_then(|t| t.as_str()) == Some("enum") && m.get("name").and_then(|n| n.as_str()) == Some(name) {
+                    return Some(m["symbols"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_owned()).collect());
+                }
+                m.values().find_map(|v| find(v, name))
+            }
+            serde_json::Value::Array(a) => a.iter().find_map(|v| find(v, name)),
+            _ => None,
+        }
+    }
+    let path = format!("{}/schemas/{file}", env!("CARGO_MANIFEST_DIR"));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    find(&json, name).unwrap_or_else(|| panic!("enum {name} not in {file}"))
+}
+
+#[test]
+fn schema_enums_match_the_rust_types() {
+    let names = |v: Vec<&str>| v.into_iter().map(String::from).collect::<Vec<_>>();
+    assert_eq!(symbols("verdict.avsc", "Outcome"), names(Outcome::ALL.map(Outcome::as_str).to_vec()));
+    assert_eq!(symbols("verdict.avsc", "Action"), names(Action::ALL.map(Action::as_str).to_vec()));
+    assert_eq!(symbols("verdict.avsc", "OperationState"), names(Status::ALL.map(Status::as_str).to_vec()));
+    assert_eq!(symbols("anomaly.avsc", "AnomalyKind"), names(AnomalyKind::ALL.map(AnomalyKind::as_str).to_vec()));
+    assert_eq!(symbols("operation_event.avsc", "Decision"), names(vec!["CONFIRM", "REQUEUE", "COMPENSATE", "CLOSE"]));
+}
+
+#[test]
+fn every_shipped_schema_file_is_loaded() {
+    let dir = format!("{}/schemas", env!("CARGO_MANIFEST_DIR"));
+    let mut on_disk = 0;
+    for entry in walk(std::path::Path::new(&dir)) {
+        if entry.extension().is_some_and(|e| e == "avsc") {
+            on_disk += 1;
+            let text = std::fs::read_to_string(&entry).unwrap();
+            let schema = Schema::parse_str(&text).unwrap();
+            let fp = reconciler::codec::SchemaSet::builtin().all().find(|w| w.schema.canonical_form() == schema.canonical_form()).map(|w| w.file);
+            assert!(fp.is_some(), "{entry:?} is not in the codec's schema set");
+        }
+    }
+    assert_eq!(on_disk, Codec::new().schemas().all().count());
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A record written by a producer still on version 1 of OperationEvent
+/// (no `max_attempts`, no `next_attempt_at`) decodes through resolution.
+#[test]
+fn older_writer_version_decodes() {
+    let codec = Codec::new();
+    let v1 = codec.schemas().all().find(|w| w.file == "history/operation_event.v1.avsc").expect("v1 shipped");
+    let s = |x: &str| Value::String(x.into());
+    let null = || Value::Union(0, Box::new(Value::Null));
+    let common = |body: Value| {
+        Value::Record(vec![
+            ("event_id".into(), s("old-1")),
+            ("operation_id".into(), s("op-1")),
+            ("entity_id".into(), s("cust-1")),
+            ("operation_type".into(), s("sync_customer")),
+            ("seq".into(), Value::Union(1, Box::new(Value::Long(1)))),
+            ("occurred_at".into(), Value::TimestampMillis(5)),
+            ("producer".into(), s("legacy")),
+            ("body".into(), body),
+        ])
+    };
+    let requested = Value::Union(
+        0,
+        Box::new(Value::Record(vec![
+            ("expected_version".into(), Value::Union(1, Box::new(Value::Long(7)))),
+            ("expected_fingerprint".into(), null()),
+            ("idempotency_key".into(), null()),
+            ("idempotent".into(), Value::Boolean(true)),
+            ("destination".into(), s("crm")),
+            ("confirm_within_ms".into(), null()),
+        ])),
+    );
+    let failed = Value::Union(
+        2,
+        Box::new(Value::Record(vec![
+            ("attempt".into(), Value::Int(1)),
+            ("error_class".into(), Value::Enum(0, "TRANSIENT".into())),
+            ("error_code".into(), s("503")),
+            ("detail".into(), s("busy")),
+        ])),
+    );
+    for (body, check) in [
+        (requested, Box::new(|b: &Body| matches!(b, Body::Requested(r) if r.expected_version == Some(7) && r.max_attempts.is_none())) as Box<dyn Fn(&Body) -> bool>),
+        (failed, Box::new(|b: &Body| matches!(b, Body::AttemptFailed { next_attempt_at: None, attempt: 1, .. }))),
+    ] {
+        let mut bytes = vec![0xC3, 0x01];
+        bytes.extend_from_slice(&v1.fingerprint.to_le_bytes());
+        bytes.extend(apache_avro::to_avro_datum(&v1.schema, common(body)).unwrap());
+        let ev = codec.decode_event(&bytes).expect("v1 record decodes");
+        assert!(check(&ev.body), "{:?}", ev.body);
+        assert_eq!(ev.producer, "legacy");
+    }
+}
+
+#[test]
+fn decode_errors_are_typed() {
+    let codec = Codec::new();
+    let good = codec.encode_event(&event(Body::Started { attempt: 1, worker: "w".into() }, Some(2))).unwrap();
+
+    assert!(matches!(codec.decode_event(&[]), Err(DecodeError::TruncatedHeader { len: 0 })));
+    assert!(matches!(codec.decode_event(b"{\"json\": true}"), Err(DecodeError::BadMagic { .. })));
+    assert!(matches!(codec.decode_event(&good[..6]), Err(DecodeError::TruncatedHeader { len: 6 })));
+
+    let mut unknown = good.clone();
+    unknown[2] ^= 0xFF;
+    assert!(matches!(codec.decode_event(&unknown), Err(DecodeError::UnknownFingerprint { .. })));
+
+    let truncated = &good[..good.len() - 3];
+    let err = codec.decode_event(truncated).unwrap_err();
+    assert_eq!(err.class(), "truncated", "{err}");
+
+    let mut trailing = good.clone();
+    trailing.push(0);
+    assert!(matches!(codec.decode_event(&trailing), Err(DecodeError::TrailingBytes { trailing: 1, .. })));
+
+    let verdict_bytes = codec.encode_verdict(&verdict()).unwrap();
+    assert!(matches!(codec.decode_event(&verdict_bytes), Err(DecodeError::WrongSchema { .. })));
+    assert_eq!(
+        codec.schemas().writer_for(&verdict_bytes, SchemaKind::Verdict).unwrap().0.file,
+        "verdict.avsc"
+    );
+
+    let mut empty_id = event(Body::Started { attempt: 1, worker: "w".into() }, Some(2));
+    empty_id.event_id = " ".into();
+    let err = codec.decode_event(&codec.encode_event(&empty_id).unwrap()).unwrap_err();
+    assert_eq!(err, DecodeError::InvalidField { field: "event_id", reason: "must not be empty".into() });
+
+    let zero_seq = event(Body::Started { attempt: 1, worker: "w".into() }, Some(0));
+    let err = codec.decode_event(&codec.encode_event(&zero_seq).unwrap()).unwrap_err();
+    assert!(matches!(err, DecodeError::InvalidField { field: "seq", .. }), "{err}");
+
+    let ev = codec.decode_event(&good).unwrap();
+    assert!(validate_key(Some(b"cust-1"), &ev).is_ok());
+    assert!(matches!(validate_key(Some(b"cust-2"), &ev), Err(DecodeError::KeyMismatch { .. })));
+    assert!(matches!(validate_key(None, &ev), Err(DecodeError::KeyMismatch { .. })));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Random bytes never panic the decoder; they yield a typed error.
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = Codec::new().decode_event(&bytes);
+    }
+
+    /// Random bodies behind a valid header never panic either.
+    #[test]
+    fn random_body_after_valid_header_never_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let codec = Codec::new();
+        let mut bytes = vec![0xC3, 0x01];
+        bytes.extend_from_slice(&codec.schemas().current(SchemaKind::OperationEvent).fingerprint.to_le_bytes());
+        bytes.extend(body);
+        if let Err(e) = codec.decode_event(&bytes) {
+            prop_assert!(!e.to_string().is_empty());
+        }
+    }
+
+    /// Every prefix of a valid record fails cleanly.
+    #[test]
+    fn truncations_fail_cleanly(cut in 0usize..60) {
+        let codec = Codec::new();
+        let good = codec.encode_event(&event(Body::Cancelled { reason: "gone away for good".into() }, Some(4))).unwrap();
+        let cut = cut.min(good.len() - 1);
+        prop_assert!(codec.decode_event(&good[..cut]).is_err());
+    }
+}
