@@ -118,7 +118,7 @@ impl Default for Time {
             reorder_window_ms: p.reorder_window_ms,
             reorder_max_held: p.reorder_max_held,
             retention_ms: p.retention_ms,
-            timer_interval_ms: 1000,
+            timer_interval_ms: 250,
         }
     }
 }
@@ -197,7 +197,9 @@ impl Config {
             }
             fig = fig.merge(Toml::file(path));
         }
-        fig = fig.merge(Env::prefixed("RECONCILER_").split("__"));
+        // RECONCILER_LOG (log filter) and RECONCILER_CONFIG_FILE (--config)
+        // are read elsewhere and are not configuration keys.
+        fig = fig.merge(Env::prefixed("RECONCILER_").ignore(&["log", "config_file"]).split("__"));
         let cfg: Config = fig.extract().map_err(|e| ConfigError::Parse(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)

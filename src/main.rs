@@ -13,9 +13,10 @@ use reconciler::config::Config;
 use reconciler::pipeline::{system_clock, Pipeline};
 use reconciler::{demo, report};
 
-fn init_logging(format: LogFormat) {
+/// Logs go to stderr; RECONCILER_LOG (an EnvFilter) overrides `default`.
+fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RECONCILER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rdkafka=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
@@ -72,7 +73,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // The demo's output is its summary; the pipeline's own lines would bury it.
+    let default = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
+    init_logging(cli.log_format, default);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

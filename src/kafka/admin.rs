@@ -18,7 +18,7 @@ pub fn ensure_topics(
     replication: i32,
 ) -> Result<(), KafkaError> {
     let admin: AdminClient<DefaultClientContext> =
-        client_config(kafka, &[]).create().map_err(KafkaError::client("creating the admin client"))?;
+        client_config(&[], kafka, &[]).create().map_err(KafkaError::client("creating the admin client"))?;
     let new: Vec<NewTopic> =
         topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));

@@ -14,7 +14,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset};
 use tracing::{info, warn};
 
-use super::{client_config, KafkaError, Record};
+use super::{client_config, KafkaError, Record, CONSUMER_DEFAULTS};
 use crate::store::Store;
 
 /// What the rebalance callback tells the run loop.
@@ -88,6 +88,7 @@ impl GroupConsumer {
         let assignment = Arc::new(Mutex::new(Assignment::default()));
         let ctx = GroupContext { store, topic: topic.to_owned(), assignment: assignment.clone() };
         let consumer: BaseConsumer<GroupContext> = client_config(
+            &CONSUMER_DEFAULTS,
             kafka,
             &[
                 ("group.id", group_id),

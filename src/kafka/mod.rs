@@ -31,18 +31,30 @@ impl KafkaError {
     }
 }
 
-/// A client configuration from the `[kafka]` passthrough map plus `extra`
-/// (which wins: these are settings correctness depends on).
-pub fn client_config(passthrough: &BTreeMap<String, String>, extra: &[(&str, &str)]) -> ClientConfig {
+/// A client configuration: `defaults` first, then the `[kafka]`
+/// passthrough map (the operator's word), then `required` (settings the
+/// reconciler's correctness depends on, which nothing may override).
+pub fn client_config(
+    defaults: &[(&str, &str)],
+    passthrough: &BTreeMap<String, String>,
+    required: &[(&str, &str)],
+) -> ClientConfig {
     let mut cfg = ClientConfig::new();
+    for (k, v) in defaults {
+        cfg.set(*k, *v);
+    }
     for (k, v) in passthrough {
         cfg.set(k, v);
     }
-    for (k, v) in extra {
+    for (k, v) in required {
         cfg.set(*k, *v);
     }
     cfg
 }
+
+/// Consumer defaults: a short fetch wait, so an event (or a timer written
+/// into the log) is seen within milliseconds on a quiet topic.
+pub const CONSUMER_DEFAULTS: [(&str, &str); 1] = [("fetch.wait.max.ms", "50")];
 
 /// An owned copy of a consumed record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,15 +34,14 @@ impl ProducerContext for AckContext {
     }
 }
 
+/// Producer defaults: lz4 (snappy is not readable everywhere) and a short
+/// linger (outputs are flushed per batch anyway).
+pub const PRODUCER_DEFAULTS: [(&str, &str); 2] = [("compression.type", "lz4"), ("linger.ms", "5")];
+
 /// Settings every producer of the reconciler needs: the Java client's
-/// partitioner (so Java and Rust agree on an entity's partition),
-/// idempotence, and lz4 (snappy is not universally readable).
-pub const PRODUCER_SETTINGS: [(&str, &str); 4] = [
-    ("partitioner", "murmur2_random"),
-    ("enable.idempotence", "true"),
-    ("compression.type", "lz4"),
-    ("linger.ms", "5"),
-];
+/// partitioner (so Java and Rust agree on an entity's partition) and
+/// idempotence (broker retries neither duplicate nor reorder).
+pub const PRODUCER_REQUIRED: [(&str, &str); 2] = [("partitioner", "murmur2_random"), ("enable.idempotence", "true")];
 
 /// Publishes batches of records and waits for their acknowledgements.
 pub struct Publisher {
@@ -52,7 +51,7 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(kafka: &BTreeMap<String, String>) -> Result<Publisher, KafkaError> {
-        let producer = client_config(kafka, &PRODUCER_SETTINGS)
+        let producer = client_config(&PRODUCER_DEFAULTS, kafka, &PRODUCER_REQUIRED)
             .create_with_context(AckContext::default())
             .map_err(KafkaError::client("creating the producer"))?;
         Ok(Publisher { producer, flush_timeout: Duration::from_secs(30) })

@@ -9,7 +9,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use rdkafka::Offset;
 
-use super::{client_config, KafkaError, Record};
+use super::{client_config, KafkaError, Record, CONSUMER_DEFAULTS};
 
 pub struct TopicReader {
     consumer: BaseConsumer,
@@ -21,6 +21,7 @@ impl TopicReader {
     pub fn new(kafka: &BTreeMap<String, String>, topics: &[&str], partitions: i32) -> Result<Self, KafkaError> {
         let group = format!("reconciler-reader-{}", std::process::id());
         let consumer: BaseConsumer = client_config(
+            &CONSUMER_DEFAULTS,
             kafka,
             &[("group.id", group.as_str()), ("enable.auto.commit", "false"), ("enable.partition.eof", "false")],
         )
