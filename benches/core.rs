@@ -35,6 +35,20 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+    g.bench_function("decode_event_generic", |b| {
+        b.iter(|| {
+            for bytes in &encoded {
+                std::hint::black_box(codec.decode_event_generic(bytes).unwrap());
+            }
+        })
+    });
+    g.bench_function("encode_event_generic", |b| {
+        b.iter(|| {
+            for e in &evs {
+                std::hint::black_box(codec.encode_event_generic(e).unwrap());
+            }
+        })
+    });
     g.bench_function("encode_event", |b| {
         b.iter(|| {
             for e in &evs {

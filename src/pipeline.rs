@@ -275,8 +275,11 @@ impl Pipeline {
             batch.set_offset(*p, *n);
         }
         let to_publish = batch.outbox.clone();
+        let applied = started.elapsed();
         let seqs = self.store.commit(batch)?;
+        let stored = started.elapsed();
         self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        let published = started.elapsed();
         self.store.ack_outbox(seqs)?;
         {
             let mut a = self.consumer.assignment.lock().expect("not poisoned");
@@ -288,7 +291,15 @@ impl Pipeline {
         }
         self.consumer.commit_for_visibility(&touched);
         self.stats.batches += 1;
-        debug!(records = records.len(), elapsed_us = started.elapsed().as_micros() as u64, "Batch committed");
+        debug!(
+            records = records.len(),
+            outputs = to_publish.len(),
+            apply_us = applied.as_micros() as u64,
+            store_us = (stored - applied).as_micros() as u64,
+            publish_us = (published - stored).as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "Batch committed"
+        );
         Ok(())
     }
 

@@ -183,9 +183,9 @@ fn verdicts(out: &[Output]) -> Vec<Verdict> {
 }
 
 fn states(engine: &MemoryEngine) -> Vec<OperationState> {
-    engine
-        .ops
-        .values()
+    let mut ops: Vec<&OperationState> = engine.ops.values().collect();
+    ops.sort_by(|a, b| a.operation_id.cmp(&b.operation_id));
+    ops.into_iter()
         .map(|op| {
             let mut op = op.clone();
             op.duplicates_seen = 0;

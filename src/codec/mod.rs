@@ -6,6 +6,7 @@
 //! from the files in `schemas/` (current and historical versions), so an
 //! older writer still decodes through Avro schema resolution.
 
+mod binary;
 mod error;
 mod event;
 mod schemas;
@@ -45,7 +46,24 @@ impl Codec {
 
     /// Decodes an `OperationEvent` written with any known version of its schema.
     /// Validates ids and seq; the record key is checked by [`validate_key`].
+    ///
+    /// The current version takes the direct path (`binary.rs`); older
+    /// versions go through apache-avro with schema resolution.
     pub fn decode_event(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
+        let (writer, body) = self.schemas.writer_for(bytes, SchemaKind::OperationEvent)?;
+        let ev = if writer.fingerprint == binary::FINGERPRINT {
+            binary::decode(body)?
+        } else {
+            let value = schemas::decode_value(writer, body, Some(self.schemas.reader(SchemaKind::OperationEvent)))?;
+            event::event_from_value(value)?
+        };
+        event::validate(&ev)?;
+        Ok(ev)
+    }
+
+    /// The reference decoder: apache-avro's generic path for every version.
+    /// Same contract as [`Codec::decode_event`]; the tests hold the two equal.
+    pub fn decode_event_generic(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
         let (writer, body) = self.schemas.writer_for(bytes, SchemaKind::OperationEvent)?;
         let value = schemas::decode_value(writer, body, Some(self.schemas.reader(SchemaKind::OperationEvent)))?;
         let ev = event::event_from_value(value)?;
@@ -55,7 +73,24 @@ impl Codec {
 
     /// Encodes an event with the current `OperationEvent` schema.
     pub fn encode_event(&self, ev: &Event) -> Result<Vec<u8>, EncodeError> {
+        let current = self.schemas.current(SchemaKind::OperationEvent);
+        debug_assert_eq!(current.fingerprint, binary::FINGERPRINT);
+        let mut buf = Vec::with_capacity(128);
+        buf.extend_from_slice(&MAGIC);
+        buf.extend_from_slice(&current.fingerprint.to_le_bytes());
+        binary::encode(ev, &mut buf);
+        Ok(buf)
+    }
+
+    /// The reference encoder: apache-avro's value writer (validates against
+    /// the schema). The tests hold its bytes equal to [`Codec::encode_event`].
+    pub fn encode_event_generic(&self, ev: &Event) -> Result<Vec<u8>, EncodeError> {
         self.schemas.encode_value(SchemaKind::OperationEvent, event::event_to_value(ev))
+    }
+
+    /// The fingerprint the direct event codec was written for.
+    pub fn direct_event_fingerprint() -> u64 {
+        binary::FINGERPRINT
     }
 
     pub fn encode_verdict(&self, v: &Verdict) -> Result<Vec<u8>, EncodeError> {

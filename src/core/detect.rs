@@ -116,7 +116,12 @@ fn redact_body(policy: &Policy, body: &mut Body) {
 
 /// Stable digest of a body, to tell a re-emission from a conflicting one.
 pub(crate) fn body_hash(body: &Body) -> u64 {
-    xxh3_64(&postcard::to_allocvec(body).expect("bodies serialize"))
+    let mut buf = [0u8; 512];
+    match postcard::to_slice(body, &mut buf) {
+        Ok(bytes) => xxh3_64(bytes),
+        // Larger than the stack buffer: same bytes, allocated.
+        Err(_) => xxh3_64(&postcard::to_allocvec(body).expect("bodies serialize")),
+    }
 }
 
 /// Classifies an event that is not a duplicate delivery and applies, holds

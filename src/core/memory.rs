@@ -3,7 +3,7 @@
 //! Used by the golden scenarios, the property tests, the benches and the
 //! replay-without-Kafka path. The RocksDB store drives the same `apply`.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use super::detect::{apply, Disposition};
 use super::event::{Event, SourcePos};
@@ -11,11 +11,13 @@ use super::operation::{EntityState, OperationState};
 use super::output::Output;
 use super::policy::Policy;
 
-/// All state of one reconciler, kept in memory.
+/// All state of one reconciler, kept in memory. (Hash maps: a B-tree of
+/// these large values spends its time shifting them; nothing here depends
+/// on iteration order, `due_timers` sorts.)
 #[derive(Debug, Clone, Default)]
 pub struct MemoryEngine {
-    pub ops: BTreeMap<String, OperationState>,
-    pub entities: BTreeMap<String, EntityState>,
+    pub ops: HashMap<String, OperationState>,
+    pub entities: HashMap<String, EntityState>,
 }
 
 impl MemoryEngine {
@@ -27,7 +29,10 @@ impl MemoryEngine {
     pub fn process(&mut self, policy: &Policy, ev: Event, pos: SourcePos, out: &mut Vec<Output>) -> Disposition {
         let mut slot = self.ops.remove(&ev.operation_id);
         let op_id = ev.operation_id.clone();
-        let entity = self.entities.entry(ev.entity_id.clone()).or_default();
+        if !self.entities.contains_key(&ev.entity_id) {
+            self.entities.insert(ev.entity_id.clone(), EntityState::default());
+        }
+        let entity = self.entities.get_mut(&ev.entity_id).expect("inserted above");
         let d = apply(policy, &mut slot, entity, ev, pos, out);
         if let Some(op) = slot {
             self.ops.insert(op_id, op);

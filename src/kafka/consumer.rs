@@ -79,6 +79,9 @@ impl ConsumerContext for GroupContext {
 /// A subscribed consumer that hands out batches of owned records.
 pub struct GroupConsumer {
     consumer: BaseConsumer<GroupContext>,
+    /// A second client for watermark queries: on the consumer's own
+    /// connection a ListOffsets waits behind the long-polling fetches.
+    watermarks: BaseConsumer,
     topic: String,
     pub assignment: Arc<Mutex<Assignment>>,
 }
@@ -101,7 +104,10 @@ impl GroupConsumer {
         .create_with_context(ctx)
         .map_err(KafkaError::client("creating the consumer"))?;
         consumer.subscribe(&[topic]).map_err(KafkaError::client(format!("subscribing to {topic}")))?;
-        Ok(GroupConsumer { consumer, topic: topic.to_owned(), assignment })
+        let watermarks: BaseConsumer = client_config(&CONSUMER_DEFAULTS, kafka, &[("group.id", group_id)])
+            .create()
+            .map_err(KafkaError::client("creating the watermark client"))?;
+        Ok(GroupConsumer { consumer, watermarks, topic: topic.to_owned(), assignment })
     }
 
     /// Up to `max` records, waiting at most `wait` for the first and then
@@ -145,8 +151,9 @@ impl GroupConsumer {
         }
     }
 
-    /// The broker's high watermark of `partition` (one round trip).
+    /// The broker's high watermark of `partition` (one round trip on an
+    /// idle connection).
     pub fn high_watermark(&self, partition: i32) -> KafkaResult<i64> {
-        self.consumer.fetch_watermarks(&self.topic, partition, Duration::from_secs(1)).map(|(_, high)| high)
+        self.watermarks.fetch_watermarks(&self.topic, partition, Duration::from_secs(1)).map(|(_, high)| high)
     }
 }
