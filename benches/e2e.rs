@@ -25,12 +25,7 @@ fn main() {
     let id = format!("e2e-{}", std::process::id());
     let mut cfg = Config::default();
     cfg.kafka.insert("bootstrap.servers".into(), brokers);
-    cfg.topics.events = format!("{id}.events");
-    cfg.topics.verdicts = format!("{id}.verdicts");
-    cfg.topics.anomalies = format!("{id}.anomalies");
-    cfg.topics.dlq = format!("{id}.dlq");
-    cfg.topics.commands = format!("{id}.commands");
-    cfg.topics.partitions = 3;
+    cfg.topics = reconciler::config::Topics::named(&id, 3);
     cfg.consumer.group_id = format!("{id}.group");
     cfg.state_dir = std::env::temp_dir().join(&id);
 
@@ -40,7 +35,7 @@ fn main() {
     let (outputs, _) = demo::predict(&cfg, &records, start);
     let want = outputs.iter().filter(|o| matches!(o, Output::Verdict(_))).count();
     let t = cfg.topics.clone();
-    admin::ensure_topics(&cfg.kafka, &[&t.events, &t.verdicts, &t.anomalies, &t.dlq, &t.commands], 3, 1).unwrap();
+    admin::ensure_topics(&cfg.kafka, &t.all(), 3, 1).unwrap();
     let load = Instant::now();
     demo::publish(&cfg, &records).unwrap();
     let load = load.elapsed();

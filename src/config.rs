@@ -71,6 +71,27 @@ impl Default for Topics {
     }
 }
 
+impl Topics {
+    /// Topics `{prefix}.events`, `{prefix}.verdicts`, ... (tests, benches,
+    /// side-by-side runs on one cluster).
+    pub fn named(prefix: &str, partitions: i32) -> Topics {
+        Topics {
+            events: format!("{prefix}.events"),
+            verdicts: format!("{prefix}.verdicts"),
+            anomalies: format!("{prefix}.anomalies"),
+            dlq: format!("{prefix}.dlq"),
+            commands: format!("{prefix}.commands"),
+            partitions,
+            replication_factor: 1,
+        }
+    }
+
+    /// Every topic the reconciler reads or writes.
+    pub fn all(&self) -> [&str; 5] {
+        [&self.events, &self.verdicts, &self.anomalies, &self.dlq, &self.commands]
+    }
+}
+
 /// Consumption and batching.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

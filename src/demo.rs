@@ -27,6 +27,7 @@ struct Builder {
 }
 
 impl Builder {
+    #[allow(clippy::too_many_arguments)]
     fn ev(&self, op: &str, entity: &str, ty: &str, seq: Option<i64>, dt: i64, id: &str, body: Body) -> Event {
         Event {
             event_id: format!("{op}-{}-{id}", self.copy),
@@ -214,7 +215,7 @@ use std::time::Duration;
 use crate::codec::Codec;
 use crate::config::{Config, TypeConfig};
 use crate::core::memory::MemoryEngine;
-use crate::core::{Output, SourcePos, Verdict};
+use crate::core::{Output, Verdict};
 use crate::kafka::producer::Publisher;
 use crate::kafka::reader::TopicReader;
 use crate::kafka::KafkaError;
@@ -245,23 +246,11 @@ pub fn predict(cfg: &Config, records: &[DemoRecord], horizon: i64) -> (Vec<Outpu
     let policy = cfg.policy();
     let mut engine = MemoryEngine::new();
     let mut out = Vec::new();
-    let mut offset = 0;
-    for r in records {
-        if let DemoRecord::Event(e) = r {
-            engine.process(&policy, e.clone(), SourcePos { partition: 0, offset }, &mut out);
-            offset += 1;
-        }
-    }
-    loop {
-        let due = engine.due_timers(horizon);
-        if due.is_empty() {
-            break;
-        }
-        for e in due {
-            engine.process(&policy, e, SourcePos { partition: 0, offset }, &mut out);
-            offset += 1;
-        }
-    }
+    let events = records.iter().filter_map(|r| match r {
+        DemoRecord::Event(e) => Some(e.clone()),
+        _ => None,
+    });
+    engine.replay(&policy, events, horizon, &mut out);
     (out, engine)
 }
 

@@ -83,12 +83,7 @@ impl Pipeline {
     /// Opens the store, creates missing topics, joins the group.
     pub fn new(cfg: Config, clock: Clock) -> Result<Pipeline, PipelineError> {
         let t = &cfg.topics;
-        admin::ensure_topics(
-            &cfg.kafka,
-            &[&t.events, &t.verdicts, &t.anomalies, &t.dlq, &t.commands],
-            t.partitions,
-            t.replication_factor,
-        )?;
+        admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
         let store = Arc::new(Store::open(&cfg.state_dir, &t.events, cfg.sync_writes)?);
         let publisher = Publisher::new(&cfg.kafka)?;

@@ -307,6 +307,10 @@ fn decode_errors_are_typed() {
     let err = codec.decode_event(&codec.encode_event(&zero_seq).unwrap()).unwrap_err();
     assert!(matches!(err, DecodeError::InvalidField { field: "seq", .. }), "{err}");
 
+    let zero_window = event(Body::Requested(Requested { confirm_within_ms: Some(0), destination: "crm".into(), ..Default::default() }), Some(1));
+    let err = codec.decode_event(&codec.encode_event(&zero_window).unwrap()).unwrap_err();
+    assert!(matches!(err, DecodeError::InvalidField { field: "confirm_within_ms", .. }), "{err}");
+
     let ev = codec.decode_event(&good).unwrap();
     assert!(validate_key(Some(b"cust-1"), &ev).is_ok());
     assert!(matches!(validate_key(Some(b"cust-2"), &ev), Err(DecodeError::KeyMismatch { .. })));
@@ -367,7 +371,7 @@ fn arb_body() -> impl Strategy<Value = Body> {
         Just(EvidenceSource::ResultFile)
     ];
     prop_oneof![
-        (any::<Option<i64>>(), proptest::option::of(arb_string()), proptest::option::of(arb_string()), any::<bool>(), arb_string(), any::<Option<i64>>(), any::<Option<i32>>())
+        (any::<Option<i64>>(), proptest::option::of(arb_string()), proptest::option::of(arb_string()), any::<bool>(), arb_string(), proptest::option::of(1..i64::MAX), proptest::option::of(1..i32::MAX))
             .prop_map(|(v, f, k, i, d, c, m)| Body::Requested(Requested {
                 expected_version: v,
                 expected_fingerprint: f,

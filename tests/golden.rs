@@ -25,6 +25,7 @@ struct Scenario {
 
 #[derive(Deserialize)]
 #[serde(untagged)]
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Event { event: GoldenEvent },
     Timers { timers_until: i64 },
@@ -98,15 +99,7 @@ fn run(s: &Scenario, policy: &Policy) -> (Vec<Output>, MemoryEngine) {
                 };
                 engine.process(policy, ev, next_pos(), &mut out);
             }
-            Step::Timers { timers_until } => loop {
-                let due = engine.due_timers(*timers_until);
-                if due.is_empty() {
-                    break;
-                }
-                for ev in due {
-                    engine.process(policy, ev, next_pos(), &mut out);
-                }
-            },
+            Step::Timers { timers_until } => engine.run_timers(policy, *timers_until, &mut next_pos, &mut out),
         }
     }
     (out, engine)

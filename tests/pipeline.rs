@@ -114,13 +114,13 @@ fn dead_letters_are_byte_identical_with_provenance_and_the_stream_flows_on() {
         value,
         headers,
     };
-    let poison = vec![
+    let poison = [
         rec(b"cust-1", Some(vec![0xde, 0xad, 0xbe, 0xef, 0, 1, 2]), vec![("trace-id".into(), Some(b"t-1".to_vec())), ("empty".into(), None)]),
         rec(b"cust-1", None, vec![]),
         rec(b"cust-1", Some(unknown_fp), vec![]),
         rec(b"cust-2", Some(codec.encode_event(&requested).unwrap()), vec![]),
     ];
-    let good = vec![rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), vec![]), rec(b"cust-1", Some(codec.encode_event(&cancelled).unwrap()), vec![])];
+    let good = [rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), vec![]), rec(b"cust-1", Some(codec.encode_event(&cancelled).unwrap()), vec![])];
     let publisher = Publisher::new(&cfg.kafka).unwrap();
     publisher.publish_all(poison.iter().chain(&good).map(|r| (r, Some(0)))).unwrap();
 
@@ -228,10 +228,7 @@ fn replay_into_empty_state_gives_byte_identical_streams_timeouts_included() {
     // clock a day later. Every timeout must come from the log, not the clock.
     let mut replay = cfg.clone();
     let id = common::unique("replayed");
-    replay.topics.verdicts = format!("{id}.verdicts");
-    replay.topics.anomalies = format!("{id}.anomalies");
-    replay.topics.dlq = format!("{id}.dlq");
-    replay.topics.commands = format!("{id}.commands");
+    replay.topics = reconciler::config::Topics { events: cfg.topics.events.clone(), ..reconciler::config::Topics::named(&id, 3) };
     replay.consumer.group_id = format!("{id}.group");
     replay.state_dir = common::temp_dir("replay-state");
     let later = Arc::new(move || now() + 86_400_000);
@@ -283,7 +280,7 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     };
     let log_tail = || std::fs::read_to_string(&log_file).unwrap_or_default().lines().rev().take(20).collect::<Vec<_>>().join("\n");
     let t = cfg.topics.clone();
-    reconciler::kafka::admin::ensure_topics(&cfg.kafka, &[&t.events, &t.verdicts, &t.anomalies, &t.dlq, &t.commands], 3, 1).unwrap();
+    reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), 3, 1).unwrap();
     demo::publish(&cfg, &records).unwrap();
     let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts], 3).unwrap();
     let mut kills = 0;

@@ -8,7 +8,7 @@
 
 use proptest::prelude::*;
 use reconciler::codec::Codec;
-use reconciler::core::event::{Body, EffectObserved, ErrorClass, Event, EvidenceSource, Requested, SourcePos};
+use reconciler::core::event::{Body, EffectObserved, ErrorClass, Event, EvidenceSource, Requested};
 use reconciler::core::memory::MemoryEngine;
 use reconciler::core::{OperationState, Output, Policy, Verdict};
 
@@ -147,21 +147,7 @@ fn run(events: &[Event]) -> (Vec<Output>, MemoryEngine) {
     let policy = Policy::default();
     let mut engine = MemoryEngine::new();
     let mut out = Vec::new();
-    let mut offset = 0;
-    for ev in events {
-        engine.process(&policy, ev.clone(), SourcePos { partition: 0, offset }, &mut out);
-        offset += 1;
-    }
-    loop {
-        let due = engine.due_timers(BASE + 3_600_000);
-        if due.is_empty() {
-            break;
-        }
-        for ev in due {
-            engine.process(&policy, ev, SourcePos { partition: 0, offset }, &mut out);
-            offset += 1;
-        }
-    }
+    engine.replay(&policy, events.iter().cloned(), BASE + 3_600_000, &mut out);
     (out, engine)
 }
 

@@ -212,6 +212,14 @@ pub(super) fn validate(ev: &Event) -> Result<(), DecodeError> {
             return Err(invalid("seq", format!("must be at least 1, found {s}")));
         }
     }
+    if let Body::Requested(r) = &ev.body {
+        if let Some(w) = r.confirm_within_ms.filter(|w| *w <= 0) {
+            return Err(invalid("confirm_within_ms", format!("must be positive, found {w}")));
+        }
+        if let Some(m) = r.max_attempts.filter(|m| *m < 1) {
+            return Err(invalid("max_attempts", format!("must be at least 1, found {m}")));
+        }
+    }
     Ok(())
 }
 

@@ -35,9 +35,9 @@ pub fn next_timer(op: &OperationState, policy: &Policy) -> Option<i64> {
 /// When a finished (or abandoned, never requested) operation may be removed.
 fn retention_end(op: &OperationState, policy: &Policy) -> Option<i64> {
     if op.status.is_terminal() {
-        op.terminal_at.map(|t| t + policy.retention_ms)
+        op.terminal_at.map(|t| t.saturating_add(policy.retention_ms))
     } else if op.status == Status::Unrequested && op.held.is_empty() {
-        Some(op.last_event_at + policy.retention_ms)
+        Some(op.last_event_at.saturating_add(policy.retention_ms))
     } else {
         None
     }

@@ -14,6 +14,9 @@ use super::output::{AnomalyKind, Output, Status};
 use super::policy::Policy;
 use super::verdict::anomaly;
 
+/// Most missing revisions a SEQ_GAP anomaly lists one by one.
+pub const MAX_NAMED_MISSING: usize = 100;
+
 /// How one input event was accounted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Disposition {
@@ -68,11 +71,10 @@ pub fn apply(
         let Some(op) = slot.as_mut() else {
             return Disposition::Ignored;
         };
-        if !op.seen_event_ids.insert(ev.event_id.clone()) {
-            // The reconciler's own timer fired twice (a restart between
-            // publishing and consuming it): not a service's redelivery.
-            return Disposition::Duplicate;
-        }
+        // Timers are idempotent by time and never deduplicated by id: the
+        // same due time can come round again (a re-armed deadline, a new
+        // gap with the same window end), and a timer firing twice (a
+        // restart between publishing and consuming it) changes nothing.
         if deadline::on_timer(op, policy, entity, &ev, pos, deadline, out) {
             *slot = None;
         } else {
@@ -173,7 +175,7 @@ fn admit(
             );
             out.push(Output::Anomaly(anomaly(AnomalyKind::OutOfOrder, op, &ev, pos, detail, Vec::new())));
         }
-        let hold_until = ev.occurred_at + policy.reorder_window_ms;
+        let hold_until = ev.occurred_at.saturating_add(policy.reorder_window_ms);
         op.held.push(HeldEvent { event: ev, pos, hold_until });
         if op.held.len() > policy.reorder_max_held {
             give_up_oldest_gap(op, policy, entity, pos, out);
@@ -225,7 +227,7 @@ fn apply_now(
     let ok = op.transition(policy, entity, &ev, pos, out);
     if let Some(s) = ev.seq {
         op.applied_seqs.insert(s, SeqRecord { event_id: ev.event_id.clone(), body_hash: hash });
-        op.next_seq = op.next_seq.max(s + 1);
+        op.next_seq = op.next_seq.max(s.saturating_add(1));
     }
     op.last_event_at = op.last_event_at.max(ev.occurred_at);
     if ok {
@@ -238,8 +240,13 @@ fn apply_now(
     }
 }
 
-/// Applies held events whose turn has come.
+/// Applies held events whose turn has come (and, once the request is
+/// known, the orphans recorded before it).
 fn drain(op: &mut OperationState, policy: &Policy, entity: &mut EntityState, out: &mut Vec<Output>) {
+    if op.status != Status::Unrequested && !op.orphaned.is_empty() {
+        let orphans = std::mem::take(&mut op.orphaned);
+        op.held.splice(0..0, orphans);
+    }
     while op.status != Status::Unrequested {
         let next = op.next_seq;
         let i = op
@@ -267,7 +274,7 @@ pub(crate) fn expire_held(
             let (expired, kept) = std::mem::take(&mut op.held).into_iter().partition(|h| h.hold_until <= now);
             op.held = kept;
             for h in expired {
-                orphan(op, h, pos, out);
+                orphan(op, policy, h, pos, out);
             }
         } else {
             give_up_oldest_gap(op, policy, entity, pos, out);
@@ -275,13 +282,20 @@ pub(crate) fn expire_held(
     }
 }
 
-fn orphan(op: &OperationState, h: HeldEvent, pos: SourcePos, out: &mut Vec<Output>) {
+/// Records an event whose request never came within the window. It is kept
+/// (up to the reorder bound) so that a request arriving even later still
+/// sees the whole history instead of judging a half-known operation.
+fn orphan(op: &mut OperationState, policy: &Policy, h: HeldEvent, pos: SourcePos, out: &mut Vec<Output>) {
     let detail = format!(
         "{} for operation {} arrived but its Requested never did within the reorder window.",
         h.event.body.name(),
         op.operation_id
     );
     out.push(Output::Anomaly(anomaly(AnomalyKind::OrphanEvent, op, &h.event, pos, detail, Vec::new())));
+    op.orphaned.push(h);
+    if op.orphaned.len() > policy.reorder_max_held {
+        op.orphaned.remove(0);
+    }
 }
 
 /// Stops waiting for the revisions in front of the lowest held one: names
@@ -296,7 +310,7 @@ fn give_up_oldest_gap(
 ) {
     if op.status == Status::Unrequested {
         let h = op.held.remove(0);
-        orphan(op, h, pos, out);
+        orphan(op, policy, h, pos, out);
         return;
     }
     let Some(i) = (0..op.held.len()).min_by_key(|&i| op.held[i].event.seq.unwrap_or(i64::MIN)) else {
@@ -304,8 +318,16 @@ fn give_up_oldest_gap(
     };
     let h = op.held.remove(i);
     if let Some(s) = h.event.seq {
-        let missing: Vec<i64> = (op.next_seq..s).filter(|m| !op.applied_seqs.contains_key(m)).collect();
-        let detail = format!("Revisions {missing:?} never arrived within the reorder window; revision {s} applied anyway.");
+        // Name at most MAX_NAMED_MISSING revisions: a producer that jumps
+        // from 2 to 10^12 must not make the anomaly (or memory) explode.
+        let missing: Vec<i64> =
+            (op.next_seq..s).filter(|m| !op.applied_seqs.contains_key(m)).take(MAX_NAMED_MISSING).collect();
+        let count = s - op.next_seq;
+        let detail = if count as usize > missing.len() {
+            format!("{count} revisions from {} to {} never arrived within the reorder window; revision {s} applied anyway.", op.next_seq, s - 1)
+        } else {
+            format!("Revisions {missing:?} never arrived within the reorder window; revision {s} applied anyway.")
+        };
         out.push(Output::Anomaly(anomaly(AnomalyKind::SeqGap, op, &h.event, pos, detail, missing)));
         op.next_seq = s;
     }

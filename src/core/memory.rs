@@ -53,4 +53,34 @@ impl MemoryEngine {
             .map(|(t, op)| Event::deadline_reached(&op.operation_id, &op.entity_id, &op.operation_type, t))
             .collect()
     }
+
+    /// Fires every timer due at or before `until`, as the pipeline's wheel
+    /// would, until none is left (a fired timer may set a later one).
+    /// `pos` gives each `DeadlineReached` its place in the log.
+    pub fn run_timers(&mut self, policy: &Policy, until: i64, mut pos: impl FnMut() -> SourcePos, out: &mut Vec<Output>) {
+        loop {
+            let due = self.due_timers(until);
+            if due.is_empty() {
+                return;
+            }
+            for ev in due {
+                self.process(policy, ev, pos(), out);
+            }
+        }
+    }
+
+    /// Applies `events` as one partition's log (offsets 1, 2, ...), then
+    /// fires every timer due by `timers_until`: the whole pipeline, minus
+    /// Kafka. Used to predict what the broker pipeline must produce.
+    pub fn replay(&mut self, policy: &Policy, events: impl IntoIterator<Item = Event>, timers_until: i64, out: &mut Vec<Output>) {
+        let mut offset = 0;
+        let mut next = move || {
+            offset += 1;
+            SourcePos { partition: 0, offset }
+        };
+        for ev in events {
+            self.process(policy, ev, next(), out);
+        }
+        self.run_timers(policy, timers_until, next, out);
+    }
 }

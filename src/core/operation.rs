@@ -75,6 +75,12 @@ pub struct OperationState {
     pub seen_event_ids: BTreeSet<String>,
     /// The reorder buffer, in arrival order.
     pub held: Vec<HeldEvent>,
+    /// Events flagged ORPHAN_EVENT, kept (bounded) for a request that
+    /// arrives after the window: applied then, in seq order.
+    pub orphaned: Vec<HeldEvent>,
+    /// An attempt was seen (Started, AttemptFailed or OutcomeUnknown):
+    /// "never started" must not hang on attempt numbering.
+    pub started: bool,
     pub attempts: i32,
     pub remote_ids: Vec<String>,
     pub observed_version: Option<i64>,
@@ -117,6 +123,8 @@ impl OperationState {
             applied_seqs: BTreeMap::new(),
             seen_event_ids: BTreeSet::new(),
             held: Vec::new(),
+            orphaned: Vec::new(),
+            started: false,
             attempts: 0,
             remote_ids: Vec::new(),
             observed_version: None,
@@ -140,7 +148,10 @@ impl OperationState {
         } else if status != Status::ManualReview {
             self.review_since = None;
         }
-        if status.is_terminal() && self.terminal_at.is_none() {
+        // Retention counts from the latest entry into a terminal state.
+        if !status.is_terminal() {
+            self.terminal_at = None;
+        } else if !self.status.is_terminal() || self.terminal_at.is_none() {
             self.terminal_at = Some(at);
         }
         self.status = status;
@@ -160,7 +171,7 @@ impl OperationState {
 
     fn rearm_deadline(&mut self, from: i64) {
         if let Some(r) = &self.request {
-            self.deadline_at = Some(from + r.confirm_within_ms);
+            self.deadline_at = Some(from.saturating_add(r.confirm_within_ms));
             self.overdue_judged = false;
         }
     }
@@ -190,6 +201,7 @@ impl OperationState {
                     return false;
                 }
                 self.attempts = self.attempts.max(*attempt);
+                self.started = true;
                 if self.overdue_judged {
                     self.rearm_deadline(at);
                 }
@@ -200,6 +212,7 @@ impl OperationState {
                     return false;
                 }
                 self.attempts = self.attempts.max(*attempt);
+                self.started = true;
                 let max = self.request.as_ref().map_or(1, |r| r.max_attempts);
                 if *error_class == ErrorClass::Transient && self.attempts < max {
                     self.set_status(Status::RetryScheduled, at);
@@ -218,6 +231,7 @@ impl OperationState {
                     return false;
                 }
                 self.attempts = self.attempts.max(*attempt);
+                self.started = true;
                 self.set_status(Status::AwaitingConfirmation, at);
             }
             Body::EffectObserved(o) => return self.effect_observed(policy, entity, ev, pos, o, out),
@@ -226,7 +240,7 @@ impl OperationState {
                     return false;
                 }
                 let source = verdict::source_name(*source);
-                if self.idempotent() || self.attempts == 0 {
+                if self.idempotent() || !self.started {
                     self.set_status(Status::RetryScheduled, at);
                     let why = if self.idempotent() { "the operation is idempotent" } else { "it was never started" };
                     let reason = format!("A {source} found no effect; requeue is safe because {why}.");
@@ -255,6 +269,12 @@ impl OperationState {
                 if status != Status::ManualReview {
                     return false;
                 }
+                let last = self.last_verdict.as_ref().map(|v| v.outcome);
+                // SPEC §6: COMPENSATE belongs to DUPLICATE_EFFECT only; other
+                // wrong effects are undone by a Compensated business event.
+                if *decision == Decision::Compensate && last != Some(Outcome::DuplicateEffect) {
+                    return false;
+                }
                 self.manual = Some(ManualDecisionRecord {
                     actor: actor.clone(),
                     decision: *decision,
@@ -264,12 +284,9 @@ impl OperationState {
                 let (new_status, outcome, action, what) = match decision {
                     Decision::Confirm => (Status::Confirmed, Outcome::Correct, Action::None, "confirmed the effect"),
                     Decision::Requeue => (Status::RetryScheduled, Outcome::Missing, Action::Requeue, "requeued the operation"),
-                    Decision::Compensate => (
-                        Status::Compensated,
-                        self.last_verdict.as_ref().map_or(Outcome::DuplicateEffect, |v| v.outcome),
-                        Action::Compensate,
-                        "decided to compensate the effect",
-                    ),
+                    Decision::Compensate => {
+                        (Status::Compensated, Outcome::DuplicateEffect, Action::Compensate, "decided to compensate the duplicate")
+                    }
                     Decision::Close => (Status::Closed, Outcome::NotApplicable, Action::Close, "closed the operation"),
                 };
                 if *decision == Decision::Confirm {
@@ -304,8 +321,8 @@ impl OperationState {
             confirm_within_ms,
             max_attempts: policy.max_attempts(&ev.operation_type, r.max_attempts),
         });
-        self.deadline_at = Some(ev.occurred_at + confirm_within_ms);
-        self.next_seq = self.next_seq.max(ev.seq.unwrap_or(1) + 1);
+        self.deadline_at = Some(ev.occurred_at.saturating_add(confirm_within_ms));
+        self.next_seq = self.next_seq.max(ev.seq.unwrap_or(1).saturating_add(1));
         self.set_status(Status::Pending, ev.occurred_at);
     }
 
@@ -328,13 +345,19 @@ impl OperationState {
                 out.push(Output::Anomaly(verdict::anomaly(AnomalyKind::StaleVersion, self, ev, pos, detail, Vec::new())));
             }
         }
+        let source = verdict::source_name(o.source);
+        let new_remote = o.remote_id.as_ref().filter(|rid| !self.remote_ids.contains(rid));
+        if self.status == Status::Confirmed && new_remote.is_none() {
+            // A repeated observation of a confirmed effect proves nothing
+            // new, and must not overwrite the evidence that confirmed it.
+            return true;
+        }
         if o.observed_version.is_some() {
             self.observed_version = o.observed_version;
         }
         if o.observed_fingerprint.is_some() {
             self.observed_fingerprint = o.observed_fingerprint.clone();
         }
-        let source = verdict::source_name(o.source);
         if let Some(rid) = &o.remote_id {
             if !self.remote_ids.contains(rid) {
                 self.remote_ids.push(rid.clone());
@@ -349,8 +372,9 @@ impl OperationState {
                 }
             }
         }
-        if self.status == Status::Confirmed {
-            // A repeated observation of a confirmed effect proves nothing new.
+        if self.remote_ids.len() > 1 {
+            // A known duplicate effect waits for its compensation or a
+            // person; seeing one of its copies again does not settle it.
             return true;
         }
         let req = self.request.as_ref().expect("requested: status is not Unrequested");

@@ -267,7 +267,9 @@ pub struct RepairCommand {
     pub issued_at: i64,
 }
 
-/// One decision of the core, in the order it was made.
+/// One decision of the core, in the order it was made. (Variants differ in
+/// size; outputs are short-lived and never stored in bulk.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Output {
     Verdict(Verdict),

@@ -40,12 +40,7 @@ pub fn config(name: &str) -> Config {
     let id = unique(name);
     let mut cfg = Config::default();
     cfg.kafka.insert("bootstrap.servers".into(), brokers());
-    cfg.topics.events = format!("{id}.events");
-    cfg.topics.verdicts = format!("{id}.verdicts");
-    cfg.topics.anomalies = format!("{id}.anomalies");
-    cfg.topics.dlq = format!("{id}.dlq");
-    cfg.topics.commands = format!("{id}.commands");
-    cfg.topics.partitions = 3;
+    cfg.topics = reconciler::config::Topics::named(&id, 3);
     cfg.consumer.group_id = format!("{id}.group");
     cfg.consumer.batch_wait_ms = 20;
     cfg.state_dir = temp_dir(&format!("{name}-state"));
