@@ -108,7 +108,9 @@ pub struct Consumer {
 
 impl Default for Consumer {
     fn default() -> Self {
-        Consumer { group_id: "reconciler".into(), batch_size: 5000, batch_wait_ms: 50, max_record_bytes: 1 << 20 }
+        // 900 kB: under Kafka's default 1 MB message limit with room for the
+        // dead-letter headers.
+        Consumer { group_id: "reconciler".into(), batch_size: 5000, batch_wait_ms: 50, max_record_bytes: 900_000 }
     }
 }
 

@@ -280,7 +280,7 @@ pub fn publish(cfg: &Config, records: &[DemoRecord]) -> Result<usize, PipelineEr
         };
         out.push(OutboxRecord { topic: cfg.topics.events.clone(), key: Some(key), value, headers: vec![] });
     }
-    let publisher = Publisher::new(&cfg.kafka)?;
+    let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
     Ok(publisher.publish_all(out.iter().map(|r| (r, None)))?)
 }
 

@@ -63,12 +63,36 @@ pub struct Pipeline {
     clock: Clock,
     /// Timers published but not yet consumed back: (operation, due time).
     fired: HashSet<(String, i64)>,
+    /// Per owned partition: the high watermark at assignment until the
+    /// partition has consumed past it (`None` once it has). Timers wait for
+    /// that: below the mark lie the deadline events a previous owner (or a
+    /// previous run) already wrote. Past it the partition stays caught up
+    /// whatever new traffic arrives.
+    catch_up: BTreeMap<i32, Option<i64>>,
     pub stats: Stats,
 }
 
+/// Room for the provenance headers on top of the largest accepted record.
+pub const DLQ_HEADER_ROOM: usize = 64 * 1024;
+
+/// How much of an oversize record's value its dead letter keeps.
+pub const OVERSIZE_KEPT_BYTES: usize = 64 * 1024;
+
 /// Adds the provenance headers of SPEC §8 to a dead letter.
+///
+/// Byte-identical, except for records over the size limit: no producer
+/// could publish those whole, so their dead letter keeps the key, the
+/// headers and the first 64 KiB of the value, with
+/// `reconciler.value.truncated` giving the original length.
 fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
     let mut headers = r.headers.clone();
+    let mut value = r.value.clone();
+    if let (DecodeError::Oversize { .. }, Some(v)) = (err, value.as_mut()) {
+        if v.len() > OVERSIZE_KEPT_BYTES {
+            headers.push(("reconciler.value.truncated".to_owned(), Some(v.len().to_string().into_bytes())));
+            v.truncate(OVERSIZE_KEPT_BYTES);
+        }
+    }
     let mut add = |k: &str, v: String| headers.push((k.to_owned(), Some(v.into_bytes())));
     add("reconciler.error.class", err.class().to_owned());
     add("reconciler.error.message", err.to_string());
@@ -76,7 +100,7 @@ fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
     add("reconciler.source.partition", r.partition.to_string());
     add("reconciler.source.offset", r.offset.to_string());
     add("reconciler.source.timestamp", r.timestamp.map_or_else(String::new, |t| t.to_string()));
-    OutboxRecord { topic: topic.to_owned(), key: r.key.clone(), value: r.value.clone(), headers }
+    OutboxRecord { topic: topic.to_owned(), key: r.key.clone(), value, headers }
 }
 
 impl Pipeline {
@@ -86,7 +110,7 @@ impl Pipeline {
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
         let store = Arc::new(Store::open(&cfg.state_dir, &t.events, cfg.sync_writes)?);
-        let publisher = Publisher::new(&cfg.kafka)?;
+        let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?;
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
         Ok(Pipeline {
             policy: cfg.policy(),
@@ -97,6 +121,7 @@ impl Pipeline {
             publisher,
             clock,
             fired: HashSet::new(),
+            catch_up: BTreeMap::new(),
             stats: Stats::default(),
         })
     }
@@ -119,7 +144,10 @@ impl Pipeline {
             }
             if last_timers.elapsed() >= timer_every {
                 last_timers = Instant::now();
-                self.fire_timers()?;
+                if let Err(e) = self.fire_timers() {
+                    // Nothing was recorded as fired: the next tick retries.
+                    warn!(error = %e, "Firing timers failed; retrying on the next tick");
+                }
             }
         }
         info!(records = self.stats.records, verdicts = self.stats.verdicts, "Pipeline stopped");
@@ -298,17 +326,40 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Whether partition `p` (next offset `next`) has consumed everything
+    /// that was in it when it was assigned.
+    fn caught_up(&mut self, p: i32, next: i64) -> bool {
+        let target = match self.catch_up.get(&p) {
+            Some(None) => return true,
+            Some(Some(t)) => *t,
+            None => match self.consumer.high_watermark(p) {
+                Ok(high) if high >= 0 => high,
+                _ => return false,
+            },
+        };
+        // Past the target, or only transaction markers left before it.
+        let done = next >= target || self.consumer.position(p).is_some_and(|pos| pos >= target);
+        self.catch_up.insert(p, if done { None } else { Some(target) });
+        done
+    }
+
     /// Publishes `DeadlineReached` for due timers of owned, caught-up
     /// partitions. A partition still catching up (replay) fires nothing: its
     /// deadline events may still be ahead in the log.
     fn fire_timers(&mut self) -> Result<(), PipelineError> {
         let now = (self.clock)();
-        let owned = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
+        let owned = {
+            let mut a = self.consumer.assignment.lock().expect("not poisoned");
+            for p in std::mem::take(&mut a.assigned) {
+                self.catch_up.remove(&p);
+            }
+            a.owned.clone()
+        };
+        self.catch_up.retain(|p, _| owned.contains_key(p));
         let mut events = Vec::new();
         for (p, next) in owned {
-            match self.consumer.high_watermark(p) {
-                Ok(high) if high >= 0 && next >= high => {}
-                _ => continue,
+            if !self.caught_up(p, next) {
+                continue;
             }
             for t in self.store.due_timers(p, now, 10_000)? {
                 if self.fired.contains(&(t.operation_id.clone(), t.at)) {

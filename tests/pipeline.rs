@@ -114,29 +114,39 @@ fn dead_letters_are_byte_identical_with_provenance_and_the_stream_flows_on() {
         value,
         headers,
     };
+    let mut oversize = codec.encode_event(&requested).unwrap();
+    oversize.resize(cfg.consumer.max_record_bytes + 1, b'x');
     let poison = [
         rec(b"cust-1", Some(vec![0xde, 0xad, 0xbe, 0xef, 0, 1, 2]), vec![("trace-id".into(), Some(b"t-1".to_vec())), ("empty".into(), None)]),
         rec(b"cust-1", None, vec![]),
         rec(b"cust-1", Some(unknown_fp), vec![]),
         rec(b"cust-2", Some(codec.encode_event(&requested).unwrap()), vec![]),
+        rec(b"cust-1", Some(oversize.clone()), vec![]),
     ];
     let good = [rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), vec![]), rec(b"cust-1", Some(codec.encode_event(&cancelled).unwrap()), vec![])];
-    let publisher = Publisher::new(&cfg.kafka).unwrap();
+    let publisher = Publisher::new(&cfg.kafka, 2 * cfg.consumer.max_record_bytes).unwrap();
     publisher.publish_all(poison.iter().chain(&good).map(|r| (r, Some(0)))).unwrap();
 
     let topics = &cfg.topics;
     let mut reader = TopicReader::new(&cfg.kafka, &[&topics.dlq, &topics.verdicts], 3).unwrap();
     let ok = reader.read_until(Duration::from_secs(30), |recs| {
-        recs.iter().filter(|r| r.topic == topics.dlq).count() >= 4 && recs.iter().any(|r| r.topic == topics.verdicts)
+        recs.iter().filter(|r| r.topic == topics.dlq).count() >= 5 && recs.iter().any(|r| r.topic == topics.verdicts)
     });
     running.stop();
     assert!(ok, "dead letters and the later verdict did not arrive");
     let dlq: Vec<&Record> = reader.of(&topics.dlq).collect();
-    assert_eq!(dlq.len(), 4);
-    let classes = ["malformed", "null_value", "unknown_fingerprint", "key_mismatch"];
+    assert_eq!(dlq.len(), 5);
+    let classes = ["malformed", "null_value", "unknown_fingerprint", "key_mismatch", "oversize"];
     for (i, (sent, got)) in poison.iter().zip(&dlq).enumerate() {
         assert_eq!(got.key, sent.key, "key of dead letter {i}");
-        assert_eq!(got.value, sent.value, "value of dead letter {i}");
+        if classes[i] == "oversize" {
+            // Too large for any producer: the first 64 KiB and the length.
+            assert_eq!(got.value.as_deref(), Some(&oversize[..reconciler::pipeline::OVERSIZE_KEPT_BYTES]));
+            let len = got.headers.iter().find(|(k, _)| k == "reconciler.value.truncated").and_then(|(_, v)| v.clone());
+            assert_eq!(len, Some(oversize.len().to_string().into_bytes()));
+        } else {
+            assert_eq!(got.value, sent.value, "value of dead letter {i}");
+        }
         let header = |k: &str| got.headers.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone()).map(|v| String::from_utf8(v).unwrap());
         for (k, v) in &sent.headers {
             assert!(got.headers.contains(&(k.clone(), v.clone())), "original header {k} kept");
@@ -157,6 +167,18 @@ fn dead_letters_are_byte_identical_with_provenance_and_the_stream_flows_on() {
 #[test]
 fn overdue_operation_on_an_idle_partition_is_judged_within_three_seconds() {
     let _serial = common::serial();
+    overdue_within_three_seconds(false);
+}
+
+/// Regression (review): "caught up" once meant "nothing new since the last
+/// batch", so a partition with steady traffic never fired its timers.
+#[test]
+fn overdue_operation_on_a_busy_partition_is_judged_within_three_seconds() {
+    let _serial = common::serial();
+    overdue_within_three_seconds(true);
+}
+
+fn overdue_within_three_seconds(busy: bool) {
     let mut cfg = config("overdue");
     cfg.types.insert("quick".into(), reconciler::config::TypeConfig { confirm_within_ms: Some(2_000), max_attempts: None });
     let running = Running::start(&cfg, system_clock());
@@ -172,13 +194,45 @@ fn overdue_operation_on_an_idle_partition_is_judged_within_three_seconds() {
         body: Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
     };
     let rec = OutboxRecord { topic: cfg.topics.events.clone(), key: Some(b"cust-q".to_vec()), value: Some(Codec::new().encode_event(&ev).unwrap()), headers: vec![] };
-    Publisher::new(&cfg.kafka).unwrap().publish_all([(&rec, None)]).unwrap();
+    Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes).unwrap().publish_all([(&rec, None)]).unwrap();
     let deadline = t + 2_000;
+    // With `busy`, steady traffic on the same partition while the deadline
+    // passes: the partition is never idle, and the timer must still fire.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (stop, kafka, topic, max) = (stop.clone(), cfg.kafka.clone(), cfg.topics.events.clone(), cfg.consumer.max_record_bytes);
+        std::thread::spawn(move || {
+            let publisher = Publisher::new(&kafka, max).unwrap();
+            let codec = Codec::new();
+            let mut i = 0;
+            while busy && !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let batch: Vec<OutboxRecord> = (0..50).map(|_| {
+                i += 1;
+                let other = Event {
+                    event_id: format!("busy-{i}"),
+                    operation_id: format!("op-busy-{i}"),
+                    entity_id: "cust-q".into(),
+                    operation_type: "slow".into(),
+                    seq: Some(1),
+                    occurred_at: now(),
+                    producer: "test".into(),
+                    body: Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
+                };
+                OutboxRecord { topic: topic.clone(), key: Some(b"cust-q".to_vec()), value: Some(codec.encode_event(&other).unwrap()), headers: vec![] }
+                }).collect();
+                publisher.publish_all(batch.iter().map(|r| (r, None))).unwrap();
+            }
+            i
+        })
+    };
     let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts, &cfg.topics.events], 3).unwrap();
     let verdicts = cfg.topics.verdicts.clone();
-    let ok = reader.read_until(Duration::from_secs(20), |recs| recs.iter().any(|r| r.topic == verdicts));
+    let ok = reader.read_until(Duration::from_secs(20), |recs| recs.iter().any(|r| r.topic == verdicts && r.key.as_deref() == Some(b"cust-q")));
     let arrived = now();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = traffic.join().unwrap();
     running.stop();
+    assert!(!busy || sent > 100, "the partition was kept busy ({sent} records)");
     assert!(ok, "no overdue verdict");
     assert!(arrived <= deadline + 3_000, "verdict {} ms after the deadline", arrived - deadline);
     let v = verdicts_of(&reader.of(&cfg.topics.verdicts).collect::<Vec<_>>());

@@ -24,6 +24,11 @@ pub struct Assignment {
     pub owned: BTreeMap<i32, i64>,
     /// Partitions revoked since the loop last looked.
     pub revoked: BTreeSet<i32>,
+    /// Partitions assigned since the loop last looked.
+    pub assigned: BTreeSet<i32>,
+    /// A rebalance step failed: the instance must stop rather than run
+    /// with an assignment it does not really have.
+    pub fatal: Option<String>,
 }
 
 /// Seeks assigned partitions to the offsets in the store.
@@ -45,8 +50,8 @@ impl ConsumerContext for GroupContext {
                     let next = match self.store.next_offset(p) {
                         Ok(n) => n,
                         Err(e) => {
-                            warn!(partition = p, error = %e, "Cannot read the stored offset; starting from the beginning");
-                            None
+                            a.fatal = Some(format!("reading the stored offset of partition {p}: {e}"));
+                            return;
                         }
                     };
                     let offset = next.map_or(Offset::Beginning, Offset::Offset);
@@ -55,10 +60,11 @@ impl ConsumerContext for GroupContext {
                     }
                     a.owned.insert(p, next.unwrap_or(0));
                     a.revoked.remove(&p);
+                    a.assigned.insert(p);
                     info!(partition = p, next_offset = ?next, "Partition assigned; resuming from the stored offset");
                 }
                 if let Err(e) = consumer.assign(tpl) {
-                    warn!(error = %e, "Assign failed");
+                    a.fatal = Some(format!("assigning partitions: {e}"));
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
@@ -68,7 +74,7 @@ impl ConsumerContext for GroupContext {
                     info!(partition = e.partition(), "Partition revoked; no more writes for it");
                 }
                 if let Err(e) = consumer.unassign() {
-                    warn!(error = %e, "Unassign failed");
+                    a.fatal = Some(format!("releasing revoked partitions: {e}"));
                 }
             }
             other => warn!(error = ?other, "Rebalance error"),
@@ -99,6 +105,8 @@ impl GroupConsumer {
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
                 ("enable.partition.eof", "false"),
+                // Eager rebalancing: the callback assigns whole sets.
+                ("partition.assignment.strategy", "range,roundrobin"),
             ],
         )
         .create_with_context(ctx)
@@ -130,6 +138,9 @@ impl GroupConsumer {
             }
         }
         let mut a = self.assignment.lock().expect("not poisoned");
+        if let Some(why) = a.fatal.take() {
+            return Err(KafkaError::Other(format!("rebalance failed: {why}")));
+        }
         if !a.revoked.is_empty() {
             let owned = &a.owned;
             out.retain(|r| owned.contains_key(&r.partition));
@@ -148,6 +159,16 @@ impl GroupConsumer {
         }
         if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
             warn!(error = %e, "Committing group offsets failed (lag display only)");
+        }
+    }
+
+    /// The consumer's position in `partition` (next offset it will hand
+    /// out, past transaction markers), if known.
+    pub fn position(&self, partition: i32) -> Option<i64> {
+        let tpl = self.consumer.position().ok()?;
+        match tpl.find_partition(&self.topic, partition)?.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
         }
     }
 

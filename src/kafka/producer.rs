@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
 
 use super::{client_config, KafkaError};
@@ -50,11 +50,24 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub fn new(kafka: &BTreeMap<String, String>) -> Result<Publisher, KafkaError> {
-        let producer = client_config(&PRODUCER_DEFAULTS, kafka, &PRODUCER_REQUIRED)
+    /// A publisher for records of up to `max_message_bytes` (key, value
+    /// and headers). librdkafka refuses larger ones before they are sent.
+    pub fn new(kafka: &BTreeMap<String, String>, max_message_bytes: usize) -> Result<Publisher, KafkaError> {
+        let max = max_message_bytes.to_string();
+        let mut defaults = PRODUCER_DEFAULTS.to_vec();
+        defaults.push(("message.max.bytes", max.as_str()));
+        let producer = client_config(&defaults, kafka, &PRODUCER_REQUIRED)
             .create_with_context(AckContext::default())
             .map_err(KafkaError::client("creating the producer"))?;
         Ok(Publisher { producer, flush_timeout: Duration::from_secs(30) })
+    }
+
+    /// Drops whatever is still queued or in flight, so that a retry sends
+    /// each record once more, not once per failed attempt.
+    fn purge(&self) {
+        self.producer.purge(PurgeConfig::default().queue().inflight());
+        // Serve the purged records' delivery reports.
+        self.producer.poll(Duration::ZERO);
     }
 
     /// Waits until no record is in flight. (rdkafka's `flush` sleeps in
@@ -95,19 +108,28 @@ impl Publisher {
             if let Some(p) = partition {
                 br = br.partition(p);
             }
+            let queue_deadline = std::time::Instant::now() + self.flush_timeout;
             loop {
                 match self.producer.send(br) {
                     Ok(()) => break,
-                    Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                        if std::time::Instant::now() < queue_deadline =>
+                    {
                         br = back;
                         self.producer.poll(Duration::from_millis(10));
                     }
-                    Err((e, _)) => return Err(KafkaError::Client { context: format!("sending to {}", rec.topic), source: e }),
+                    Err((e, _)) => {
+                        self.purge();
+                        return Err(KafkaError::Client { context: format!("sending to {}", rec.topic), source: e });
+                    }
                 }
             }
             sent += 1;
         }
-        self.await_acks()?;
+        if let Err(e) = self.await_acks() {
+            self.purge();
+            return Err(e);
+        }
         let failed = ctx.failed.load(Ordering::SeqCst);
         if failed > 0 {
             let last = ctx.last_error.lock().expect("not poisoned").take().unwrap_or_default();
