@@ -88,7 +88,7 @@ fn events_in_give_the_predicted_verdicts_and_anomalies() {
 }
 
 #[test]
-fn dead_letters_are_byte_identical_with_provenance_and_the_stream_flows_on() {
+fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on() {
     let _serial = common::serial();
     let cfg = config("dlq");
     let codec = Codec::new();
@@ -116,30 +116,55 @@ fn dead_letters_are_byte_identical_with_provenance_and_the_stream_flows_on() {
     };
     let mut oversize = codec.encode_event(&requested).unwrap();
     oversize.resize(cfg.consumer.max_record_bytes + 1, b'x');
-    let poison = [
-        rec(b"cust-1", Some(vec![0xde, 0xad, 0xbe, 0xef, 0, 1, 2]), vec![("trace-id".into(), Some(b"t-1".to_vec())), ("empty".into(), None)]),
-        rec(b"cust-1", None, vec![]),
-        rec(b"cust-1", Some(unknown_fp), vec![]),
-        rec(b"cust-2", Some(codec.encode_event(&requested).unwrap()), vec![]),
-        rec(b"cust-1", Some(oversize.clone()), vec![]),
+    let valid_bytes = codec.encode_event(&requested).unwrap();
+    let mut wrong_magic = valid_bytes.clone();
+    wrong_magic[1] = 0x02;
+    let mut empty_id = requested.clone();
+    empty_id.event_id = String::new();
+    let mut trailing = valid_bytes.clone();
+    trailing.extend_from_slice(b"extra");
+    let verdict_bytes = {
+        // A record of another topic's schema (a Verdict) on the input topic.
+        let (outputs, _) = {
+            let mut engine = reconciler::core::memory::MemoryEngine::new();
+            let mut out = Vec::new();
+            engine.replay(&reconciler::core::Policy::default(), [requested.clone(), cancelled.clone()], 0, &mut out);
+            (out, engine)
+        };
+        match &outputs[0] {
+            Output::Verdict(v) => codec.encode_verdict(v).unwrap(),
+            other => panic!("expected a verdict, got {other:?}"),
+        }
+    };
+    // Ten kinds of poison, each with the class its dead letter must carry.
+    let poison: Vec<(OutboxRecord, &str)> = vec![
+        (rec(b"cust-1", Some(vec![0xde, 0xad, 0xbe, 0xef, 0, 1, 2]), vec![("trace-id".into(), Some(b"t-1".to_vec())), ("empty".into(), None)]), "bad_magic"),
+        (rec(b"cust-1", None, vec![]), "null_value"),
+        (rec(b"cust-1", Some(unknown_fp), vec![]), "unknown_fingerprint"),
+        (rec(b"cust-2", Some(valid_bytes.clone()), vec![]), "key_mismatch"),
+        (rec(b"cust-1", Some(oversize.clone()), vec![]), "oversize"),
+        (rec(b"cust-1", Some(valid_bytes[..valid_bytes.len() - 4].to_vec()), vec![]), "truncated"),
+        (rec(b"cust-1", Some(wrong_magic), vec![]), "bad_magic"),
+        (rec(b"cust-1", Some(codec.encode_event(&empty_id).unwrap()), vec![]), "invalid_field"),
+        (rec(b"cust-1", Some(verdict_bytes), vec![]), "wrong_schema"),
+        (rec(b"cust-1", Some(trailing), vec![("bin".into(), Some(vec![0, 0xff, 0xfe, 7])), ("x".into(), Some(vec![]))]), "malformed"),
     ];
     let good = [rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), vec![]), rec(b"cust-1", Some(codec.encode_event(&cancelled).unwrap()), vec![])];
     let publisher = Publisher::new(&cfg.kafka, 2 * cfg.consumer.max_record_bytes).unwrap();
-    publisher.publish_all(poison.iter().chain(&good).map(|r| (r, Some(0)))).unwrap();
+    publisher.publish_all(poison.iter().map(|(r, _)| r).chain(&good).map(|r| (r, Some(0)))).unwrap();
 
     let topics = &cfg.topics;
     let mut reader = TopicReader::new(&cfg.kafka, &[&topics.dlq, &topics.verdicts], 3).unwrap();
     let ok = reader.read_until(Duration::from_secs(30), |recs| {
-        recs.iter().filter(|r| r.topic == topics.dlq).count() >= 5 && recs.iter().any(|r| r.topic == topics.verdicts)
+        recs.iter().filter(|r| r.topic == topics.dlq).count() >= poison.len() && recs.iter().any(|r| r.topic == topics.verdicts)
     });
     running.stop();
     assert!(ok, "dead letters and the later verdict did not arrive");
     let dlq: Vec<&Record> = reader.of(&topics.dlq).collect();
-    assert_eq!(dlq.len(), 5);
-    let classes = ["malformed", "null_value", "unknown_fingerprint", "key_mismatch", "oversize"];
-    for (i, (sent, got)) in poison.iter().zip(&dlq).enumerate() {
+    assert_eq!(dlq.len(), poison.len(), "exactly one dead letter per poison record");
+    for (i, ((sent, class), got)) in poison.iter().zip(&dlq).enumerate() {
         assert_eq!(got.key, sent.key, "key of dead letter {i}");
-        if classes[i] == "oversize" {
+        if *class == "oversize" {
             // Too large for any producer: the first 64 KiB and the length.
             assert_eq!(got.value.as_deref(), Some(&oversize[..reconciler::pipeline::OVERSIZE_KEPT_BYTES]));
             let len = got.headers.iter().find(|(k, _)| k == "reconciler.value.truncated").and_then(|(_, v)| v.clone());
@@ -151,8 +176,7 @@ fn dead_letters_are_byte_identical_with_provenance_and_the_stream_flows_on() {
         for (k, v) in &sent.headers {
             assert!(got.headers.contains(&(k.clone(), v.clone())), "original header {k} kept");
         }
-        let class = header("reconciler.error.class").unwrap();
-        assert!(class == classes[i] || (i == 0 && class == "bad_magic"), "dead letter {i}: class {class}");
+        assert_eq!(header("reconciler.error.class").unwrap(), *class, "dead letter {i}");
         assert!(!header("reconciler.error.message").unwrap().is_empty());
         assert_eq!(header("reconciler.source.topic").unwrap(), topics.events);
         assert_eq!(header("reconciler.source.partition").unwrap(), "0");
