@@ -9,6 +9,10 @@ cd "$ROOT"
 source scripts/env.sh
 scripts/setup.sh --tests
 
+# Style and lints first: they fail in seconds, the suite takes minutes.
+cargo fmt --check
+cargo clippy --release --locked --all-targets -- -D warnings
+
 export BROKER_PORT=${BROKER_PORT:-19092}
 scripts/broker.sh start sqlite
 trap 'scripts/broker.sh stop' EXIT

@@ -238,7 +238,10 @@ impl Config {
             ("topics.dlq", &t.dlq),
             ("topics.commands", &t.commands),
         ] {
-            if name.is_empty() || name.len() > 249 || !name.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c)) {
+            if name.is_empty()
+                || name.len() > 249
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
+            {
                 return Err(invalid(field, format!("{name:?} is not a valid Kafka topic name")));
             }
         }
@@ -268,7 +271,10 @@ impl Config {
             return Err(invalid("time.default_max_attempts", "must be at least 1"));
         }
         if tm.timer_interval_ms == 0 || tm.timer_interval_ms > 1000 {
-            return Err(invalid("time.timer_interval_ms", "must be between 1 and 1000 (SPEC: checked at least every second)"));
+            return Err(invalid(
+                "time.timer_interval_ms",
+                "must be between 1 and 1000 (SPEC: checked at least every second)",
+            ));
         }
         for (name, ty) in &self.types {
             if ty.confirm_within_ms.is_some_and(|v| v <= 0) {
@@ -293,7 +299,9 @@ impl Config {
             types: self
                 .types
                 .iter()
-                .map(|(k, v)| (k.clone(), TypePolicy { confirm_within_ms: v.confirm_within_ms, max_attempts: v.max_attempts }))
+                .map(|(k, v)| {
+                    (k.clone(), TypePolicy { confirm_within_ms: v.confirm_within_ms, max_attempts: v.max_attempts })
+                })
                 .collect(),
             reorder_window_ms: self.time.reorder_window_ms,
             reorder_max_held: self.time.reorder_max_held,

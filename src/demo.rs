@@ -15,7 +15,11 @@ pub enum DemoRecord {
     Event(Event),
     /// Raw bytes under a key: garbage, a null value, or a valid event under
     /// the wrong key.
-    Raw { key: Vec<u8>, value: Option<Vec<u8>>, what: &'static str },
+    Raw {
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+        what: &'static str,
+    },
     /// A valid event published under a key that is not its entity_id.
     Misrouted(Event),
 }
@@ -85,7 +89,9 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
         b.copy = copy;
         let s = "sync_customer";
         // Happy path: the worker's response proves the effect.
-        for (i, body) in [requested(3, true, true), started("w-1"), observed(3, "crm-100", WorkerResponse)].into_iter().enumerate() {
+        for (i, body) in
+            [requested(3, true, true), started("w-1"), observed(3, "crm-100", WorkerResponse)].into_iter().enumerate()
+        {
             let e = b.ev("ok", "cust-100", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
@@ -101,7 +107,15 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
             let e = b.ev("timeout-absent", "cust-453", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
-        let e = b.ev("timeout-absent", "cust-453", s, None, 100, "q", Body::EffectAbsent { source: DestinationQuery, evidence_ref: Some("query-77".into()) });
+        let e = b.ev(
+            "timeout-absent",
+            "cust-453",
+            s,
+            None,
+            100,
+            "q",
+            Body::EffectAbsent { source: DestinationQuery, evidence_ref: Some("query-77".into()) },
+        );
         b.push(e);
         // Seed 000: the query finds another version: review, never overwrite.
         for (i, body) in [requested(7, true, true), started("w-1"), unknown()].into_iter().enumerate() {
@@ -111,7 +125,9 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
         let e = b.ev("divergent", "cust-454", s, None, 100, "q", observed(8, "crm-454", DestinationQuery));
         b.push(e);
         // The effect exists twice.
-        for (i, body) in [requested(1, true, true), started("w-3"), observed(1, "crm-500", WorkerResponse)].into_iter().enumerate() {
+        for (i, body) in
+            [requested(1, true, true), started("w-3"), observed(1, "crm-500", WorkerResponse)].into_iter().enumerate()
+        {
             let e = b.ev("dup-effect", "cust-500", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
@@ -127,7 +143,15 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
         }
         // Not idempotent, started, silent: overdue, ambiguous, review.
         for (i, body) in [requested(1, false, false), started("w-9")].into_iter().enumerate() {
-            let e = b.ev("invoice-silent", "inv-77", "send_invoice", Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            let e = b.ev(
+                "invoice-silent",
+                "inv-77",
+                "send_invoice",
+                Some(i as i64 + 1),
+                i as i64 * 10,
+                &format!("e{i}"),
+                body,
+            );
             b.push(e);
         }
         // Two workers transitioned the same revision.
@@ -156,7 +180,11 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
         let e = b.ev("redelivered", "cust-900", s, Some(3), 20, "e2", observed(9, "crm-900", WorkerResponse));
         b.push(e);
         // Cancelled, then a stray start: not applicable, invalid transition.
-        for (i, body) in [requested(1, true, true), Body::Cancelled { reason: "customer deleted".into() }, started("w-1")].into_iter().enumerate() {
+        for (i, body) in
+            [requested(1, true, true), Body::Cancelled { reason: "customer deleted".into() }, started("w-1")]
+                .into_iter()
+                .enumerate()
+        {
             let e = b.ev("cancelled", "cust-950", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
@@ -189,7 +217,11 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
         );
         b.push(e);
         // Garbage.
-        b.records.push(DemoRecord::Raw { key: format!("cust-x-{copy}").into_bytes(), value: Some(b"\x00\x01 not avro at all".to_vec()), what: "random bytes" });
+        b.records.push(DemoRecord::Raw {
+            key: format!("cust-x-{copy}").into_bytes(),
+            value: Some(b"\x00\x01 not avro at all".to_vec()),
+            what: "random bytes",
+        });
         b.records.push(DemoRecord::Raw { key: format!("cust-y-{copy}").into_bytes(), value: None, what: "null value" });
         b.records.push(DemoRecord::Raw {
             key: format!("cust-z-{copy}").into_bytes(),

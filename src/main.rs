@@ -48,7 +48,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             // 0; a second one exits at once (state stays consistent: the
             // store is written atomically).
             for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-                signal_hook::flag::register_conditional_shutdown(sig, 1, shutdown.clone()).context("installing signal handlers")?;
+                signal_hook::flag::register_conditional_shutdown(sig, 1, shutdown.clone())
+                    .context("installing signal handlers")?;
                 signal_hook::flag::register(sig, shutdown.clone()).context("installing signal handlers")?;
             }
             let mut pipeline = Pipeline::new(cfg, system_clock()).context("starting the pipeline")?;

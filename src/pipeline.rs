@@ -34,9 +34,7 @@ pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 /// The system clock.
 pub fn system_clock() -> Clock {
-    Arc::new(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-    })
+    Arc::new(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64))
 }
 
 /// Counts of what the pipeline did, for logs and the demo.
@@ -108,7 +106,8 @@ impl Pipeline {
     pub fn new(cfg: Config, clock: Clock) -> Result<Pipeline, PipelineError> {
         let t = &cfg.topics;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
-        std::fs::create_dir_all(&cfg.state_dir).map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
+        std::fs::create_dir_all(&cfg.state_dir)
+            .map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
         let store = Arc::new(Store::open(&cfg.state_dir, &t.events, cfg.sync_writes)?);
         let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?;
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
@@ -202,7 +201,12 @@ impl Pipeline {
             Output::Anomaly(a) => (&t.anomalies, self.codec.encode_anomaly(a)?),
             Output::Command(c) => (&t.commands, self.codec.encode_command(c)?),
         };
-        Ok(OutboxRecord { topic: topic.clone(), key: Some(o.entity_id().as_bytes().to_vec()), value: Some(value), headers: Vec::new() })
+        Ok(OutboxRecord {
+            topic: topic.clone(),
+            key: Some(o.entity_id().as_bytes().to_vec()),
+            value: Some(value),
+            headers: Vec::new(),
+        })
     }
 
     /// Applies one batch and makes it durable and published.

@@ -34,7 +34,15 @@ pub fn render(r: &DemoReport) -> String {
     let mut shown = std::collections::BTreeSet::new();
     for v in &r.verdicts {
         if shown.insert((v.outcome, v.action)) {
-            let _ = writeln!(s, "  {} {}/{} [{}]\n    {}", v.operation_id, v.outcome.as_str(), v.action.as_str(), v.state.as_str(), v.reason);
+            let _ = writeln!(
+                s,
+                "  {} {}/{} [{}]\n    {}",
+                v.operation_id,
+                v.outcome.as_str(),
+                v.action.as_str(),
+                v.state.as_str(),
+                v.reason
+            );
         }
     }
     s

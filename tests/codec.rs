@@ -164,8 +164,12 @@ fn symbols(file: &str, name: &str) -> Vec<String> {
     fn find(v: &serde_json::Value, name: &str) -> Option<Vec<String>> {
         match v {
             serde_json::Value::Object(m) => {
-                if m.get("type").and_then(|t| t.as_str()) == Some("enum") && m.get("name").and_then(|n| n.as_str()) == Some(name) {
-                    return Some(m["symbols"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_owned()).collect());
+                if m.get("type").and_then(|t| t.as_str()) == Some("enum")
+                    && m.get("name").and_then(|n| n.as_str()) == Some(name)
+                {
+                    return Some(
+                        m["symbols"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_owned()).collect(),
+                    );
                 }
                 m.values().find_map(|v| find(v, name))
             }
@@ -197,7 +201,10 @@ fn every_shipped_schema_file_is_loaded() {
             on_disk += 1;
             let text = std::fs::read_to_string(&entry).unwrap();
             let schema = Schema::parse_str(&text).unwrap();
-            let fp = reconciler::codec::SchemaSet::builtin().all().find(|w| w.schema.canonical_form() == schema.canonical_form()).map(|w| w.file);
+            let fp = reconciler::codec::SchemaSet::builtin()
+                .all()
+                .find(|w| w.schema.canonical_form() == schema.canonical_form())
+                .map(|w| w.file);
             assert!(fp.is_some(), "{entry:?} is not in the codec's schema set");
         }
     }
@@ -258,7 +265,12 @@ fn older_writer_version_decodes() {
         ])),
     );
     for (body, check) in [
-        (requested, Box::new(|b: &Body| matches!(b, Body::Requested(r) if r.expected_version == Some(7) && r.max_attempts.is_none())) as Box<dyn Fn(&Body) -> bool>),
+        (
+            requested,
+            Box::new(
+                |b: &Body| matches!(b, Body::Requested(r) if r.expected_version == Some(7) && r.max_attempts.is_none()),
+            ) as Box<dyn Fn(&Body) -> bool>,
+        ),
         (failed, Box::new(|b: &Body| matches!(b, Body::AttemptFailed { next_attempt_at: None, attempt: 1, .. }))),
     ] {
         let mut bytes = vec![0xC3, 0x01];
@@ -293,10 +305,7 @@ fn decode_errors_are_typed() {
 
     let verdict_bytes = codec.encode_verdict(&verdict()).unwrap();
     assert!(matches!(codec.decode_event(&verdict_bytes), Err(DecodeError::WrongSchema { .. })));
-    assert_eq!(
-        codec.schemas().writer_for(&verdict_bytes, SchemaKind::Verdict).unwrap().0.file,
-        "verdict.avsc"
-    );
+    assert_eq!(codec.schemas().writer_for(&verdict_bytes, SchemaKind::Verdict).unwrap().0.file, "verdict.avsc");
 
     let mut empty_id = event(Body::Started { attempt: 1, worker: "w".into() }, Some(2));
     empty_id.event_id = " ".into();
@@ -307,7 +316,10 @@ fn decode_errors_are_typed() {
     let err = codec.decode_event(&codec.encode_event(&zero_seq).unwrap()).unwrap_err();
     assert!(matches!(err, DecodeError::InvalidField { field: "seq", .. }), "{err}");
 
-    let zero_window = event(Body::Requested(Requested { confirm_within_ms: Some(0), destination: "crm".into(), ..Default::default() }), Some(1));
+    let zero_window = event(
+        Body::Requested(Requested { confirm_within_ms: Some(0), destination: "crm".into(), ..Default::default() }),
+        Some(1),
+    );
     let err = codec.decode_event(&codec.encode_event(&zero_window).unwrap()).unwrap_err();
     assert!(matches!(err, DecodeError::InvalidField { field: "confirm_within_ms", .. }), "{err}");
 
@@ -371,7 +383,15 @@ fn arb_body() -> impl Strategy<Value = Body> {
         Just(EvidenceSource::ResultFile)
     ];
     prop_oneof![
-        (any::<Option<i64>>(), proptest::option::of(arb_string()), proptest::option::of(arb_string()), any::<bool>(), arb_string(), proptest::option::of(1..i64::MAX), proptest::option::of(1..i32::MAX))
+        (
+            any::<Option<i64>>(),
+            proptest::option::of(arb_string()),
+            proptest::option::of(arb_string()),
+            any::<bool>(),
+            arb_string(),
+            proptest::option::of(1..i64::MAX),
+            proptest::option::of(1..i32::MAX)
+        )
             .prop_map(|(v, f, k, i, d, c, m)| Body::Requested(Requested {
                 expected_version: v,
                 expected_fingerprint: f,
@@ -382,15 +402,23 @@ fn arb_body() -> impl Strategy<Value = Body> {
                 max_attempts: m
             })),
         (any::<i32>(), arb_string()).prop_map(|(attempt, worker)| Body::Started { attempt, worker }),
-        (any::<i32>(), any::<bool>(), arb_string(), arb_string(), any::<Option<i64>>()).prop_map(|(a, t, c, d, n)| Body::AttemptFailed {
-            attempt: a,
-            error_class: if t { ErrorClass::Transient } else { ErrorClass::Permanent },
-            error_code: c,
-            detail: d,
-            next_attempt_at: n
+        (any::<i32>(), any::<bool>(), arb_string(), arb_string(), any::<Option<i64>>()).prop_map(|(a, t, c, d, n)| {
+            Body::AttemptFailed {
+                attempt: a,
+                error_class: if t { ErrorClass::Transient } else { ErrorClass::Permanent },
+                error_code: c,
+                detail: d,
+                next_attempt_at: n,
+            }
         }),
         (any::<i32>(), arb_string()).prop_map(|(attempt, detail)| Body::OutcomeUnknown { attempt, detail }),
-        (proptest::option::of(arb_string()), any::<Option<i64>>(), proptest::option::of(arb_string()), src.clone(), proptest::option::of(arb_string()))
+        (
+            proptest::option::of(arb_string()),
+            any::<Option<i64>>(),
+            proptest::option::of(arb_string()),
+            src.clone(),
+            proptest::option::of(arb_string())
+        )
             .prop_map(|(r, v, f, s, e)| Body::EffectObserved(EffectObserved {
                 remote_id: r,
                 observed_version: v,
@@ -398,23 +426,35 @@ fn arb_body() -> impl Strategy<Value = Body> {
                 source: s,
                 evidence_ref: e
             })),
-        (src, proptest::option::of(arb_string())).prop_map(|(source, evidence_ref)| Body::EffectAbsent { source, evidence_ref }),
+        (src, proptest::option::of(arb_string()))
+            .prop_map(|(source, evidence_ref)| Body::EffectAbsent { source, evidence_ref }),
         (arb_string(), arb_string()).prop_map(|(actor, reason)| Body::Compensated { actor, reason }),
         arb_string().prop_map(|reason| Body::Cancelled { reason }),
-        (arb_string(), 0..4usize, arb_string(), proptest::collection::vec(arb_string(), 0..4)).prop_map(|(actor, d, note, evidence_checked)| {
-            Body::ManualDecision {
-                actor,
-                decision: [Decision::Confirm, Decision::Requeue, Decision::Compensate, Decision::Close][d],
-                note,
-                evidence_checked,
+        (arb_string(), 0..4usize, arb_string(), proptest::collection::vec(arb_string(), 0..4)).prop_map(
+            |(actor, d, note, evidence_checked)| {
+                Body::ManualDecision {
+                    actor,
+                    decision: [Decision::Confirm, Decision::Requeue, Decision::Compensate, Decision::Close][d],
+                    note,
+                    evidence_checked,
+                }
             }
-        }),
+        ),
         any::<i64>().prop_map(|deadline| Body::DeadlineReached { deadline }),
     ]
 }
 
 fn arb_event() -> impl Strategy<Value = Event> {
-    ("[a-z0-9-]{1,10}", "[a-z0-9-]{1,10}", "[a-z0-9-]{1,10}", "[a-z_]{1,10}", proptest::option::of(1i64..i64::MAX), any::<i64>(), arb_string(), arb_body())
+    (
+        "[a-z0-9-]{1,10}",
+        "[a-z0-9-]{1,10}",
+        "[a-z0-9-]{1,10}",
+        "[a-z_]{1,10}",
+        proptest::option::of(1i64..i64::MAX),
+        any::<i64>(),
+        arb_string(),
+        arb_body(),
+    )
         .prop_map(|(e, o, n, t, seq, at, p, body)| Event {
             event_id: e,
             operation_id: o,

@@ -123,7 +123,10 @@ fn check(name: &str, what: &str, actual: &[Value], expected: &[BTreeMap<String, 
                 "manual_actor" => a["evidence"]["manual_decision"]["actor"].clone(),
                 "reason_contains" => {
                     let reason = a["reason"].as_str().unwrap_or_default();
-                    assert!(reason.contains(want.as_str().unwrap()), "{name}: {what}[{i}] reason {reason:?} lacks {want}");
+                    assert!(
+                        reason.contains(want.as_str().unwrap()),
+                        "{name}: {what}[{i}] reason {reason:?} lacks {want}"
+                    );
                     continue;
                 }
                 _ => a[k].clone(),
@@ -141,8 +144,8 @@ fn golden_scenarios() {
     assert!(files.len() >= 20, "expected the golden scenarios in {dir:?}");
     for file in files {
         let name = file.file_stem().unwrap().to_string_lossy().into_owned();
-        let s: Scenario = serde_json::from_str(&std::fs::read_to_string(&file).unwrap())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let s: Scenario =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
         let policy = policy(&s.policy);
         let (out, engine) = run(&s, &policy);
         let (again, _) = run(&s, &policy);

@@ -99,7 +99,8 @@ fn fingerprints_agree_with_fastavro() {
         // fastavro prints the 8 little-endian bytes as hex.
         let bytes: Vec<u8> = (0..16).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
         let theirs = u64::from_le_bytes(bytes.try_into().unwrap());
-        let ours = codec.schemas().all().find(|w| w.file == file).unwrap_or_else(|| panic!("{file} not loaded")).fingerprint;
+        let ours =
+            codec.schemas().all().find(|w| w.file == file).unwrap_or_else(|| panic!("{file} not loaded")).fingerprint;
         assert_eq!(ours, theirs, "{file}: fingerprint {ours:016x} here, {theirs:016x} in fastavro");
         n += 1;
     }

@@ -37,7 +37,14 @@ fn verdicts_of(records: &[&Record]) -> BTreeMap<String, Verdict> {
 /// The core's verdicts, compared on what does not depend on where the
 /// trigger sat in the log.
 fn comparable(v: &Verdict) -> (String, &'static str, &'static str, &'static str, String, String) {
-    (v.operation_id.clone(), v.outcome.as_str(), v.action.as_str(), v.state.as_str(), v.reason.clone(), v.trigger_event_id.clone())
+    (
+        v.operation_id.clone(),
+        v.outcome.as_str(),
+        v.action.as_str(),
+        v.state.as_str(),
+        v.reason.clone(),
+        v.trigger_event_id.clone(),
+    )
 }
 
 #[test]
@@ -53,7 +60,8 @@ fn events_in_give_the_predicted_verdicts_and_anomalies() {
 
     let t = &cfg.topics;
     let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies, &t.dlq], 3).unwrap();
-    let predicted: Vec<&Verdict> = outputs.iter().filter_map(|o| if let Output::Verdict(v) = o { Some(v) } else { None }).collect();
+    let predicted: Vec<&Verdict> =
+        outputs.iter().filter_map(|o| if let Output::Verdict(v) = o { Some(v) } else { None }).collect();
     let predicted_anomalies = outputs.iter().filter(|o| matches!(o, Output::Anomaly(_))).count();
     let garbage = records.iter().filter(|r| !matches!(r, DemoRecord::Event(_))).count();
     let ok = reader.read_until(Duration::from_secs(60), |recs| {
@@ -82,7 +90,9 @@ fn events_in_give_the_predicted_verdicts_and_anomalies() {
     }
     assert_eq!(kinds_got, kinds_want);
     assert_eq!(reader.of(&t.dlq).count(), garbage);
-    for kind in ["DUPLICATE_DELIVERY", "DUPLICATE_EMISSION", "CONFLICTING_TRANSITION", "OUT_OF_ORDER", "INVALID_TRANSITION"] {
+    for kind in
+        ["DUPLICATE_DELIVERY", "DUPLICATE_EMISSION", "CONFLICTING_TRANSITION", "OUT_OF_ORDER", "INVALID_TRANSITION"]
+    {
         assert!(kinds_got.contains_key(kind), "the demo workload shows {kind}");
     }
 }
@@ -104,7 +114,11 @@ fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on(
         producer: "test".into(),
         body,
     };
-    let requested = valid("a1", 1, Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }));
+    let requested = valid(
+        "a1",
+        1,
+        Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
+    );
     let cancelled = valid("a2", 2, Body::Cancelled { reason: "gone".into() });
     let mut unknown_fp = codec.encode_event(&requested).unwrap();
     unknown_fp[3] ^= 0x55;
@@ -138,7 +152,14 @@ fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on(
     };
     // Ten kinds of poison, each with the class its dead letter must carry.
     let poison: Vec<(OutboxRecord, &str)> = vec![
-        (rec(b"cust-1", Some(vec![0xde, 0xad, 0xbe, 0xef, 0, 1, 2]), vec![("trace-id".into(), Some(b"t-1".to_vec())), ("empty".into(), None)]), "bad_magic"),
+        (
+            rec(
+                b"cust-1",
+                Some(vec![0xde, 0xad, 0xbe, 0xef, 0, 1, 2]),
+                vec![("trace-id".into(), Some(b"t-1".to_vec())), ("empty".into(), None)],
+            ),
+            "bad_magic",
+        ),
         (rec(b"cust-1", None, vec![]), "null_value"),
         (rec(b"cust-1", Some(unknown_fp), vec![]), "unknown_fingerprint"),
         (rec(b"cust-2", Some(valid_bytes.clone()), vec![]), "key_mismatch"),
@@ -147,16 +168,27 @@ fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on(
         (rec(b"cust-1", Some(wrong_magic), vec![]), "bad_magic"),
         (rec(b"cust-1", Some(codec.encode_event(&empty_id).unwrap()), vec![]), "invalid_field"),
         (rec(b"cust-1", Some(verdict_bytes), vec![]), "wrong_schema"),
-        (rec(b"cust-1", Some(trailing), vec![("bin".into(), Some(vec![0, 0xff, 0xfe, 7])), ("x".into(), Some(vec![]))]), "malformed"),
+        (
+            rec(
+                b"cust-1",
+                Some(trailing),
+                vec![("bin".into(), Some(vec![0, 0xff, 0xfe, 7])), ("x".into(), Some(vec![]))],
+            ),
+            "malformed",
+        ),
     ];
-    let good = [rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), vec![]), rec(b"cust-1", Some(codec.encode_event(&cancelled).unwrap()), vec![])];
+    let good = [
+        rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), vec![]),
+        rec(b"cust-1", Some(codec.encode_event(&cancelled).unwrap()), vec![]),
+    ];
     let publisher = Publisher::new(&cfg.kafka, 2 * cfg.consumer.max_record_bytes).unwrap();
     publisher.publish_all(poison.iter().map(|(r, _)| r).chain(&good).map(|r| (r, Some(0)))).unwrap();
 
     let topics = &cfg.topics;
     let mut reader = TopicReader::new(&cfg.kafka, &[&topics.dlq, &topics.verdicts], 3).unwrap();
     let ok = reader.read_until(Duration::from_secs(30), |recs| {
-        recs.iter().filter(|r| r.topic == topics.dlq).count() >= poison.len() && recs.iter().any(|r| r.topic == topics.verdicts)
+        recs.iter().filter(|r| r.topic == topics.dlq).count() >= poison.len()
+            && recs.iter().any(|r| r.topic == topics.verdicts)
     });
     running.stop();
     assert!(ok, "dead letters and the later verdict did not arrive");
@@ -172,7 +204,9 @@ fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on(
         } else {
             assert_eq!(got.value, sent.value, "value of dead letter {i}");
         }
-        let header = |k: &str| got.headers.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone()).map(|v| String::from_utf8(v).unwrap());
+        let header = |k: &str| {
+            got.headers.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone()).map(|v| String::from_utf8(v).unwrap())
+        };
         for (k, v) in &sent.headers {
             assert!(got.headers.contains(&(k.clone(), v.clone())), "original header {k} kept");
         }
@@ -204,7 +238,8 @@ fn overdue_operation_on_a_busy_partition_is_judged_within_three_seconds() {
 
 fn overdue_within_three_seconds(busy: bool) {
     let mut cfg = config("overdue");
-    cfg.types.insert("quick".into(), reconciler::config::TypeConfig { confirm_within_ms: Some(2_000), max_attempts: None });
+    cfg.types
+        .insert("quick".into(), reconciler::config::TypeConfig { confirm_within_ms: Some(2_000), max_attempts: None });
     let running = Running::start(&cfg, system_clock());
     let t = now();
     let ev = Event {
@@ -217,33 +252,50 @@ fn overdue_within_three_seconds(busy: bool) {
         producer: "test".into(),
         body: Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
     };
-    let rec = OutboxRecord { topic: cfg.topics.events.clone(), key: Some(b"cust-q".to_vec()), value: Some(Codec::new().encode_event(&ev).unwrap()), headers: vec![] };
+    let rec = OutboxRecord {
+        topic: cfg.topics.events.clone(),
+        key: Some(b"cust-q".to_vec()),
+        value: Some(Codec::new().encode_event(&ev).unwrap()),
+        headers: vec![],
+    };
     Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes).unwrap().publish_all([(&rec, None)]).unwrap();
     let deadline = t + 2_000;
     // With `busy`, steady traffic on the same partition while the deadline
     // passes: the partition is never idle, and the timer must still fire.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let traffic = {
-        let (stop, kafka, topic, max) = (stop.clone(), cfg.kafka.clone(), cfg.topics.events.clone(), cfg.consumer.max_record_bytes);
+        let (stop, kafka, topic, max) =
+            (stop.clone(), cfg.kafka.clone(), cfg.topics.events.clone(), cfg.consumer.max_record_bytes);
         std::thread::spawn(move || {
             let publisher = Publisher::new(&kafka, max).unwrap();
             let codec = Codec::new();
             let mut i = 0;
             while busy && !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let batch: Vec<OutboxRecord> = (0..50).map(|_| {
-                i += 1;
-                let other = Event {
-                    event_id: format!("busy-{i}"),
-                    operation_id: format!("op-busy-{i}"),
-                    entity_id: "cust-q".into(),
-                    operation_type: "slow".into(),
-                    seq: Some(1),
-                    occurred_at: now(),
-                    producer: "test".into(),
-                    body: Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
-                };
-                OutboxRecord { topic: topic.clone(), key: Some(b"cust-q".to_vec()), value: Some(codec.encode_event(&other).unwrap()), headers: vec![] }
-                }).collect();
+                let batch: Vec<OutboxRecord> = (0..50)
+                    .map(|_| {
+                        i += 1;
+                        let other = Event {
+                            event_id: format!("busy-{i}"),
+                            operation_id: format!("op-busy-{i}"),
+                            entity_id: "cust-q".into(),
+                            operation_type: "slow".into(),
+                            seq: Some(1),
+                            occurred_at: now(),
+                            producer: "test".into(),
+                            body: Body::Requested(Requested {
+                                idempotent: true,
+                                destination: "crm".into(),
+                                ..Default::default()
+                            }),
+                        };
+                        OutboxRecord {
+                            topic: topic.clone(),
+                            key: Some(b"cust-q".to_vec()),
+                            value: Some(codec.encode_event(&other).unwrap()),
+                            headers: vec![],
+                        }
+                    })
+                    .collect();
                 publisher.publish_all(batch.iter().map(|r| (r, None))).unwrap();
             }
             i
@@ -251,7 +303,9 @@ fn overdue_within_three_seconds(busy: bool) {
     };
     let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts, &cfg.topics.events], 3).unwrap();
     let verdicts = cfg.topics.verdicts.clone();
-    let ok = reader.read_until(Duration::from_secs(20), |recs| recs.iter().any(|r| r.topic == verdicts && r.key.as_deref() == Some(b"cust-q")));
+    let ok = reader.read_until(Duration::from_secs(20), |recs| {
+        recs.iter().any(|r| r.topic == verdicts && r.key.as_deref() == Some(b"cust-q"))
+    });
     let arrived = now();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sent = traffic.join().unwrap();
@@ -297,7 +351,8 @@ fn replay_into_empty_state_gives_byte_identical_streams_timeouts_included() {
     let t = cfg.topics.clone();
     let mut live = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies], 3).unwrap();
     let ok = live.read_until(Duration::from_secs(60), |recs| {
-        recs.iter().filter(|r| r.topic == t.verdicts).count() >= n_verdicts && recs.iter().filter(|r| r.topic == t.anomalies).count() >= n_anomalies
+        recs.iter().filter(|r| r.topic == t.verdicts).count() >= n_verdicts
+            && recs.iter().filter(|r| r.topic == t.anomalies).count() >= n_anomalies
     });
     running.stop();
     assert!(ok, "the live run did not settle");
@@ -306,7 +361,8 @@ fn replay_into_empty_state_gives_byte_identical_streams_timeouts_included() {
     // clock a day later. Every timeout must come from the log, not the clock.
     let mut replay = cfg.clone();
     let id = common::unique("replayed");
-    replay.topics = reconciler::config::Topics { events: cfg.topics.events.clone(), ..reconciler::config::Topics::named(&id, 3) };
+    replay.topics =
+        reconciler::config::Topics { events: cfg.topics.events.clone(), ..reconciler::config::Topics::named(&id, 3) };
     replay.consumer.group_id = format!("{id}.group");
     replay.state_dir = common::temp_dir("replay-state");
     let later = Arc::new(move || now() + 86_400_000);
@@ -314,7 +370,8 @@ fn replay_into_empty_state_gives_byte_identical_streams_timeouts_included() {
     let mut again = TopicReader::new(&replay.kafka, &[&replay.topics.verdicts, &replay.topics.anomalies], 3).unwrap();
     let rt = replay.topics.clone();
     let ok = again.read_until(Duration::from_secs(60), |recs| {
-        recs.iter().filter(|r| r.topic == rt.verdicts).count() >= n_verdicts && recs.iter().filter(|r| r.topic == rt.anomalies).count() >= n_anomalies
+        recs.iter().filter(|r| r.topic == rt.verdicts).count() >= n_verdicts
+            && recs.iter().filter(|r| r.topic == rt.anomalies).count() >= n_anomalies
     });
     // Nothing more may come: give a late extra output a chance to show.
     again.read_until(Duration::from_secs(2), |_| false);
@@ -333,7 +390,10 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     let start = now();
     let records = demo::workload(start, 150);
     let (outputs, engine) = demo::predict(&cfg, &records, start + 3_600_000);
-    let predicted: BTreeSet<String> = outputs.iter().filter_map(|o| if let Output::Verdict(v) = o { Some(v.verdict_id.clone()) } else { None }).collect();
+    let predicted: BTreeSet<String> = outputs
+        .iter()
+        .filter_map(|o| if let Output::Verdict(v) = o { Some(v.verdict_id.clone()) } else { None })
+        .collect();
 
     let dir = common::temp_dir("crash-config");
     let config_file = dir.join("reconciler.toml");
@@ -356,7 +416,8 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
             .spawn()
             .unwrap()
     };
-    let log_tail = || std::fs::read_to_string(&log_file).unwrap_or_default().lines().rev().take(20).collect::<Vec<_>>().join("\n");
+    let log_tail =
+        || std::fs::read_to_string(&log_file).unwrap_or_default().lines().rev().take(20).collect::<Vec<_>>().join("\n");
     let t = cfg.topics.clone();
     reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), 3, 1).unwrap();
     demo::publish(&cfg, &records).unwrap();
@@ -399,7 +460,11 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     }
     let got: BTreeSet<String> = by_id.keys().cloned().collect();
     assert_eq!(got, predicted, "verdict ids after {kills} kills");
-    println!("crash test: {} records, {kills} kill -9, {} verdicts, {duplicates} byte-identical re-publications, 0 lost", records.len(), predicted.len());
+    println!(
+        "crash test: {} records, {kills} kill -9, {} verdicts, {duplicates} byte-identical re-publications, 0 lost",
+        records.len(),
+        predicted.len()
+    );
 
     // I1/I3: the state equals the uninterrupted in-memory reference.
     let store = Store::open(&cfg.state_dir, &cfg.topics.events, false).unwrap();

@@ -120,9 +120,8 @@ fn lifecycle(op: usize, path: Path, idempotent: bool, with_key: bool) -> Vec<Eve
 }
 
 fn workload() -> impl Strategy<Value = Vec<Vec<Event>>> {
-    proptest::collection::vec((path(), any::<bool>(), any::<bool>()), 1..6).prop_map(|ops| {
-        ops.into_iter().enumerate().map(|(i, (p, idem, key))| lifecycle(i, p, idem, key)).collect()
-    })
+    proptest::collection::vec((path(), any::<bool>(), any::<bool>()), 1..6)
+        .prop_map(|ops| ops.into_iter().enumerate().map(|(i, (p, idem, key))| lifecycle(i, p, idem, key)).collect())
 }
 
 /// Interleaves per-operation sequences in order, choosing the next

@@ -150,7 +150,11 @@ impl<'a> Reader<'a> {
             1 => Body::Started { attempt: self.int("attempt")?, worker: self.string("worker")? },
             2 => Body::AttemptFailed {
                 attempt: self.int("attempt")?,
-                error_class: if self.index("error_class", 2)? == 0 { ErrorClass::Transient } else { ErrorClass::Permanent },
+                error_class: if self.index("error_class", 2)? == 0 {
+                    ErrorClass::Transient
+                } else {
+                    ErrorClass::Permanent
+                },
                 error_code: self.string("error_code")?,
                 detail: self.string("detail")?,
                 next_attempt_at: self.opt_long("next_attempt_at")?,
@@ -197,7 +201,10 @@ pub(super) fn decode(body: &[u8]) -> Result<Event, DecodeError> {
         body: r.body()?,
     };
     if r.pos != body.len() {
-        return Err(DecodeError::TrailingBytes { schema: "reconciler.v1.OperationEvent".into(), trailing: body.len() - r.pos });
+        return Err(DecodeError::TrailingBytes {
+            schema: "reconciler.v1.OperationEvent".into(),
+            trailing: body.len() - r.pos,
+        });
     }
     Ok(ev)
 }

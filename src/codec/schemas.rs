@@ -40,7 +40,12 @@ type SchemaFile = (&'static str, &'static str, SchemaKind, bool);
 /// Older versions stay listed so records written with them still decode.
 pub const SCHEMA_FILES: [SchemaFile; 5] = [
     ("operation_event.avsc", include_str!("../../schemas/operation_event.avsc"), SchemaKind::OperationEvent, true),
-    ("history/operation_event.v1.avsc", include_str!("../../schemas/history/operation_event.v1.avsc"), SchemaKind::OperationEvent, false),
+    (
+        "history/operation_event.v1.avsc",
+        include_str!("../../schemas/history/operation_event.v1.avsc"),
+        SchemaKind::OperationEvent,
+        false,
+    ),
     ("verdict.avsc", include_str!("../../schemas/verdict.avsc"), SchemaKind::Verdict, true),
     ("anomaly.avsc", include_str!("../../schemas/anomaly.avsc"), SchemaKind::Anomaly, true),
     ("repair_command.avsc", include_str!("../../schemas/repair_command.avsc"), SchemaKind::RepairCommand, true),
@@ -129,7 +134,11 @@ impl SchemaSet {
     }
 
     /// Reads the single-object header and finds the writer schema.
-    pub fn writer_for<'b>(&self, bytes: &'b [u8], expected: SchemaKind) -> Result<(&WriterSchema, &'b [u8]), DecodeError> {
+    pub fn writer_for<'b>(
+        &self,
+        bytes: &'b [u8],
+        expected: SchemaKind,
+    ) -> Result<(&WriterSchema, &'b [u8]), DecodeError> {
         if bytes.len() >= 2 && bytes[..2] != MAGIC {
             return Err(DecodeError::BadMagic { found: format!("{:02X} {:02X}", bytes[0], bytes[1]) });
         }
@@ -139,7 +148,10 @@ impl SchemaSet {
         let fp = u64::from_le_bytes(bytes[2..HEADER_LEN].try_into().expect("8 bytes"));
         let writer = self.by_fingerprint.get(&fp).ok_or(DecodeError::UnknownFingerprint { fingerprint: fp })?;
         if writer.kind != expected {
-            return Err(DecodeError::WrongSchema { expected: expected.full_name(), found: writer.kind.full_name().to_owned() });
+            return Err(DecodeError::WrongSchema {
+                expected: expected.full_name(),
+                found: writer.kind.full_name().to_owned(),
+            });
         }
         Ok((writer, &bytes[HEADER_LEN..]))
     }
@@ -184,7 +196,10 @@ pub(super) fn decode_value(writer: &WriterSchema, body: &[u8], reader: Option<&S
     let value = apache_avro::from_avro_datum(&writer.schema, &mut cursor, None).map_err(|e| {
         let detail = e.to_string();
         let source = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
-        if detail.contains("fill whole buffer") || source.contains("fill whole buffer") || detail.contains("UnexpectedEof") {
+        if detail.contains("fill whole buffer")
+            || source.contains("fill whole buffer")
+            || detail.contains("UnexpectedEof")
+        {
             DecodeError::TruncatedBody { schema: schema_name(), detail }
         } else {
             DecodeError::Malformed { schema: schema_name(), detail }
@@ -194,9 +209,10 @@ pub(super) fn decode_value(writer: &WriterSchema, body: &[u8], reader: Option<&S
         return Err(DecodeError::TrailingBytes { schema: schema_name(), trailing: cursor.len() });
     }
     match reader {
-        Some(r) if !writer.current => value
-            .resolve(r)
-            .map_err(|e| DecodeError::Malformed { schema: schema_name(), detail: format!("schema resolution failed: {e}") }),
+        Some(r) if !writer.current => value.resolve(r).map_err(|e| DecodeError::Malformed {
+            schema: schema_name(),
+            detail: format!("schema resolution failed: {e}"),
+        }),
         _ => Ok(value),
     }
 }

@@ -33,13 +33,8 @@ pub enum Disposition {
 }
 
 impl Disposition {
-    pub const ALL: [Disposition; 5] = [
-        Disposition::Applied,
-        Disposition::Duplicate,
-        Disposition::Held,
-        Disposition::Anomalous,
-        Disposition::Ignored,
-    ];
+    pub const ALL: [Disposition; 5] =
+        [Disposition::Applied, Disposition::Duplicate, Disposition::Held, Disposition::Anomalous, Disposition::Ignored];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -199,7 +194,8 @@ fn same_revision(
     let s = ev.seq.unwrap_or_default();
     if same_body {
         op.duplicates_seen += 1;
-        let detail = format!("Revision {s} was emitted again as {} (first as {other_id}) with the same body.", ev.event_id);
+        let detail =
+            format!("Revision {s} was emitted again as {} (first as {other_id}) with the same body.", ev.event_id);
         out.push(Output::Anomaly(anomaly(AnomalyKind::DuplicateEmission, op, ev, pos, detail, Vec::new())));
         Disposition::Duplicate
     } else {
@@ -324,7 +320,11 @@ fn give_up_oldest_gap(
             (op.next_seq..s).filter(|m| !op.applied_seqs.contains_key(m)).take(MAX_NAMED_MISSING).collect();
         let count = s - op.next_seq;
         let detail = if count as usize > missing.len() {
-            format!("{count} revisions from {} to {} never arrived within the reorder window; revision {s} applied anyway.", op.next_seq, s - 1)
+            format!(
+                "{count} revisions from {} to {} never arrived within the reorder window; revision {s} applied anyway.",
+                op.next_seq,
+                s - 1
+            )
         } else {
             format!("Revisions {missing:?} never arrived within the reorder window; revision {s} applied anyway.")
         };

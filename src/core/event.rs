@@ -158,12 +158,7 @@ impl Event {
     /// Its id depends only on the operation and the due time, so a timer that
     /// fires twice (a restart, a rebalance) yields the same event twice, which
     /// the core then recognises as a duplicate delivery.
-    pub fn deadline_reached(
-        operation_id: &str,
-        entity_id: &str,
-        operation_type: &str,
-        deadline: i64,
-    ) -> Event {
+    pub fn deadline_reached(operation_id: &str, entity_id: &str, operation_type: &str, deadline: i64) -> Event {
         Event {
             event_id: deadline_event_id(operation_id, deadline),
             operation_id: operation_id.to_owned(),

@@ -43,11 +43,8 @@ impl MemoryEngine {
     /// The due timers at event time `now`, as the pipeline's wheel would
     /// publish them: `DeadlineReached` events in (time, operation) order.
     pub fn due_timers(&self, now: i64) -> Vec<Event> {
-        let mut due: Vec<(i64, &OperationState)> = self
-            .ops
-            .values()
-            .filter_map(|op| op.timer_at.filter(|t| *t <= now).map(|t| (t, op)))
-            .collect();
+        let mut due: Vec<(i64, &OperationState)> =
+            self.ops.values().filter_map(|op| op.timer_at.filter(|t| *t <= now).map(|t| (t, op))).collect();
         due.sort_by(|a, b| (a.0, &a.1.operation_id).cmp(&(b.0, &b.1.operation_id)));
         due.into_iter()
             .map(|(t, op)| Event::deadline_reached(&op.operation_id, &op.entity_id, &op.operation_type, t))
@@ -57,7 +54,13 @@ impl MemoryEngine {
     /// Fires every timer due at or before `until`, as the pipeline's wheel
     /// would, until none is left (a fired timer may set a later one).
     /// `pos` gives each `DeadlineReached` its place in the log.
-    pub fn run_timers(&mut self, policy: &Policy, until: i64, mut pos: impl FnMut() -> SourcePos, out: &mut Vec<Output>) {
+    pub fn run_timers(
+        &mut self,
+        policy: &Policy,
+        until: i64,
+        mut pos: impl FnMut() -> SourcePos,
+        out: &mut Vec<Output>,
+    ) {
         loop {
             let due = self.due_timers(until);
             if due.is_empty() {
@@ -72,7 +75,13 @@ impl MemoryEngine {
     /// Applies `events` as one partition's log (offsets 1, 2, ...), then
     /// fires every timer due by `timers_until`: the whole pipeline, minus
     /// Kafka. Used to predict what the broker pipeline must produce.
-    pub fn replay(&mut self, policy: &Policy, events: impl IntoIterator<Item = Event>, timers_until: i64, out: &mut Vec<Output>) {
+    pub fn replay(
+        &mut self,
+        policy: &Policy,
+        events: impl IntoIterator<Item = Event>,
+        timers_until: i64,
+        out: &mut Vec<Output>,
+    ) {
         let mut offset = 0;
         let mut next = move || {
             offset += 1;

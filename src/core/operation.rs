@@ -252,7 +252,8 @@ impl OperationState {
                 }
             }
             Body::Compensated { .. } => {
-                if matches!(status, Status::Compensated | Status::NotApplicable | Status::Closed | Status::Unrequested) {
+                if matches!(status, Status::Compensated | Status::NotApplicable | Status::Closed | Status::Unrequested)
+                {
                     return false;
                 }
                 self.set_status(Status::Compensated, at);
@@ -283,10 +284,15 @@ impl OperationState {
                 });
                 let (new_status, outcome, action, what) = match decision {
                     Decision::Confirm => (Status::Confirmed, Outcome::Correct, Action::None, "confirmed the effect"),
-                    Decision::Requeue => (Status::RetryScheduled, Outcome::Missing, Action::Requeue, "requeued the operation"),
-                    Decision::Compensate => {
-                        (Status::Compensated, Outcome::DuplicateEffect, Action::Compensate, "decided to compensate the duplicate")
+                    Decision::Requeue => {
+                        (Status::RetryScheduled, Outcome::Missing, Action::Requeue, "requeued the operation")
                     }
+                    Decision::Compensate => (
+                        Status::Compensated,
+                        Outcome::DuplicateEffect,
+                        Action::Compensate,
+                        "decided to compensate the duplicate",
+                    ),
                     Decision::Close => (Status::Closed, Outcome::NotApplicable, Action::Close, "closed the operation"),
                 };
                 if *decision == Decision::Confirm {
@@ -341,8 +347,18 @@ impl OperationState {
         }
         if let (Some(v), Some(c)) = (o.observed_version, entity.confirmed_version) {
             if v < c {
-                let detail = format!("Effect for version {v} observed, but version {c} is already confirmed for entity {}.", self.entity_id);
-                out.push(Output::Anomaly(verdict::anomaly(AnomalyKind::StaleVersion, self, ev, pos, detail, Vec::new())));
+                let detail = format!(
+                    "Effect for version {v} observed, but version {c} is already confirmed for entity {}.",
+                    self.entity_id
+                );
+                out.push(Output::Anomaly(verdict::anomaly(
+                    AnomalyKind::StaleVersion,
+                    self,
+                    ev,
+                    pos,
+                    detail,
+                    Vec::new(),
+                )));
             }
         }
         let source = verdict::source_name(o.source);
@@ -449,7 +465,14 @@ impl OperationState {
     }
 
     /// Marks the operation for review after a conflicting transition.
-    pub(crate) fn conflict(&mut self, policy: &Policy, ev: &Event, pos: SourcePos, reason: String, out: &mut Vec<Output>) {
+    pub(crate) fn conflict(
+        &mut self,
+        policy: &Policy,
+        ev: &Event,
+        pos: SourcePos,
+        reason: String,
+        out: &mut Vec<Output>,
+    ) {
         if self.status.is_terminal() || self.status == Status::Unrequested {
             return;
         }

@@ -41,10 +41,7 @@ impl Status {
 
     /// Terminal states are kept for the retention period, then removed.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Status::Confirmed | Status::Compensated | Status::NotApplicable | Status::Closed
-        )
+        matches!(self, Status::Confirmed | Status::Compensated | Status::NotApplicable | Status::Closed)
     }
 
     /// The schema symbol.
@@ -111,14 +108,8 @@ pub enum Action {
 }
 
 impl Action {
-    pub const ALL: [Action; 6] = [
-        Action::None,
-        Action::Requeue,
-        Action::Probe,
-        Action::ManualReview,
-        Action::Close,
-        Action::Compensate,
-    ];
+    pub const ALL: [Action; 6] =
+        [Action::None, Action::Requeue, Action::Probe, Action::ManualReview, Action::Close, Action::Compensate];
 
     pub fn as_str(self) -> &'static str {
         match self {

@@ -43,12 +43,7 @@ impl Redactor {
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
         let patterns = patterns
             .iter()
-            .map(|p| {
-                Regex::new(p.as_ref()).map_err(|source| PatternError {
-                    pattern: p.as_ref().to_owned(),
-                    source,
-                })
-            })
+            .map(|p| Regex::new(p.as_ref()).map_err(|source| PatternError { pattern: p.as_ref().to_owned(), source }))
             .collect::<Result<Vec<Regex>, _>>()?;
         let any = RegexSet::new(patterns.iter().map(Regex::as_str)).expect("each pattern compiled alone");
         Ok(Redactor { patterns, any })

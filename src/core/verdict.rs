@@ -9,9 +9,7 @@ use uuid::Uuid;
 
 use super::event::{Event, EvidenceSource, SourcePos};
 use super::operation::{LastVerdict, OperationState};
-use super::output::{
-    Action, Anomaly, AnomalyKind, Evidence, Outcome, Output, RepairAction, RepairCommand, Verdict,
-};
+use super::output::{Action, Anomaly, AnomalyKind, Evidence, Outcome, Output, RepairAction, RepairCommand, Verdict};
 use super::policy::Policy;
 
 /// Namespace of every id the reconciler derives.

@@ -22,8 +22,8 @@ pub fn ensure_topics(
     let new: Vec<NewTopic> =
         topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results = futures::executor::block_on(admin.create_topics(&new, &opts))
-        .map_err(KafkaError::client("creating topics"))?;
+    let results =
+        futures::executor::block_on(admin.create_topics(&new, &opts)).map_err(KafkaError::client("creating topics"))?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}

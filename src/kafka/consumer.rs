@@ -93,7 +93,12 @@ pub struct GroupConsumer {
 }
 
 impl GroupConsumer {
-    pub fn new(kafka: &BTreeMap<String, String>, group_id: &str, topic: &str, store: Arc<Store>) -> Result<Self, KafkaError> {
+    pub fn new(
+        kafka: &BTreeMap<String, String>,
+        group_id: &str,
+        topic: &str,
+        store: Arc<Store>,
+    ) -> Result<Self, KafkaError> {
         let assignment = Arc::new(Mutex::new(Assignment::default()));
         let ctx = GroupContext { store, topic: topic.to_owned(), assignment: assignment.clone() };
         let consumer: BaseConsumer<GroupContext> = client_config(

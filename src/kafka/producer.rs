@@ -89,7 +89,10 @@ impl Publisher {
 
     /// Sends every record (to `partition` when given, else by key) and
     /// returns once all are acknowledged; an error if any was not.
-    pub fn publish_all<'a>(&self, records: impl IntoIterator<Item = (&'a OutboxRecord, Option<i32>)>) -> Result<usize, KafkaError> {
+    pub fn publish_all<'a>(
+        &self,
+        records: impl IntoIterator<Item = (&'a OutboxRecord, Option<i32>)>,
+    ) -> Result<usize, KafkaError> {
         let ctx = self.producer.context();
         ctx.failed.store(0, Ordering::SeqCst);
         let mut sent = 0;

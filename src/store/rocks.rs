@@ -135,7 +135,10 @@ impl Store {
         let mut out = Vec::new();
         for item in self.db.iterator_cf(self.cf(OUTBOX), IteratorMode::Start) {
             let (k, v) = item?;
-            out.push((u64::from_be_bytes(k[..8].try_into().expect("8-byte outbox keys")), decode("outbox record", &v)?));
+            out.push((
+                u64::from_be_bytes(k[..8].try_into().expect("8-byte outbox keys")),
+                decode("outbox record", &v)?,
+            ));
         }
         Ok(out)
     }
