@@ -276,23 +276,7 @@ impl Pipeline {
             return Ok(());
         }
         for ((p, op_id), (before, state)) in ops {
-            let after = state.as_ref().and_then(|s| s.timer_at);
-            if before != after {
-                if let Some(at) = before {
-                    batch.timers_removed.push((p, at, op_id.clone()));
-                }
-                if let (Some(at), Some(s)) = (after, &state) {
-                    batch.timers_added.push((
-                        p,
-                        crate::store::TimerEntry {
-                            at,
-                            operation_id: op_id.clone(),
-                            entity_id: s.entity_id.clone(),
-                            operation_type: s.operation_type.clone(),
-                        },
-                    ));
-                }
-            }
+            batch.move_timer(p, &op_id, before, state.as_ref());
             batch.put_op(p, op_id, state);
         }
         for ((p, id), e) in entities {

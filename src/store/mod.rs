@@ -55,15 +55,18 @@ impl Batch {
         self.entities.push((partition, entity_id, state));
     }
 
-    /// Moves an operation's timer in the index.
-    pub fn move_timer(&mut self, partition: i32, op: &OperationState, from: Option<i64>, to: Option<i64>) {
-        if from == to {
+    /// Moves an operation's timer in the index: from `from` (the timer
+    /// indexed before the batch) to the timer of `to` (its state after the
+    /// batch; `None` when the operation was removed).
+    pub fn move_timer(&mut self, partition: i32, operation_id: &str, from: Option<i64>, to: Option<&OperationState>) {
+        let to_at = to.and_then(|s| s.timer_at);
+        if from == to_at {
             return;
         }
         if let Some(at) = from {
-            self.timers_removed.push((partition, at, op.operation_id.clone()));
+            self.timers_removed.push((partition, at, operation_id.to_owned()));
         }
-        if let Some(at) = to {
+        if let (Some(at), Some(op)) = (to_at, to) {
             self.timers_added.push((
                 partition,
                 TimerEntry {
