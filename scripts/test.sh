@@ -17,4 +17,13 @@ export BROKER_PORT=${BROKER_PORT:-19092}
 scripts/broker.sh start sqlite
 trap 'scripts/broker.sh stop' EXIT
 export KAFKA_BROKERS=127.0.0.1:$BROKER_PORT
-cargo test --release --locked "$@"
+log=$(mktemp)
+set +e
+cargo test --release --locked "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite, summed over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
+     END { printf "Tests: %d passed, %d failed\n", p, f }' "$log"
+rm -f "$log"
+exit "$status"
