@@ -125,10 +125,6 @@ impl Pipeline {
         })
     }
 
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
-    }
-
     /// Runs until `shutdown` is set; the batch in hand is finished first.
     pub fn run(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         self.republish_outbox(shutdown)?;

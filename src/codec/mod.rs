@@ -54,19 +54,24 @@ impl Codec {
         let ev = if writer.fingerprint == binary::FINGERPRINT {
             binary::decode(body)?
         } else {
-            let value = schemas::decode_value(writer, body, Some(self.schemas.reader(SchemaKind::OperationEvent)))?;
-            event::event_from_value(value)?
+            self.generic_event(writer, body)?
         };
         event::validate(&ev)?;
         Ok(ev)
+    }
+
+    /// apache-avro's path: decode with the writer schema, resolve to the
+    /// current one, convert.
+    fn generic_event(&self, writer: &WriterSchema, body: &[u8]) -> Result<Event, DecodeError> {
+        let value = schemas::decode_value(writer, body, Some(self.schemas.reader(SchemaKind::OperationEvent)))?;
+        event::event_from_value(value)
     }
 
     /// The reference decoder: apache-avro's generic path for every version.
     /// Same contract as [`Codec::decode_event`]; the tests hold the two equal.
     pub fn decode_event_generic(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
         let (writer, body) = self.schemas.writer_for(bytes, SchemaKind::OperationEvent)?;
-        let value = schemas::decode_value(writer, body, Some(self.schemas.reader(SchemaKind::OperationEvent)))?;
-        let ev = event::event_from_value(value)?;
+        let ev = self.generic_event(writer, body)?;
         event::validate(&ev)?;
         Ok(ev)
     }
@@ -75,9 +80,7 @@ impl Codec {
     pub fn encode_event(&self, ev: &Event) -> Result<Vec<u8>, EncodeError> {
         let current = self.schemas.current(SchemaKind::OperationEvent);
         debug_assert_eq!(current.fingerprint, binary::FINGERPRINT);
-        let mut buf = Vec::with_capacity(128);
-        buf.extend_from_slice(&MAGIC);
-        buf.extend_from_slice(&current.fingerprint.to_le_bytes());
+        let mut buf = current.header();
         binary::encode(ev, &mut buf);
         Ok(buf)
     }

@@ -66,6 +66,17 @@ pub struct WriterSchema {
     pub current: bool,
 }
 
+impl WriterSchema {
+    /// A buffer holding the single-object header of this schema, ready for
+    /// the body to be appended.
+    pub fn header(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(256);
+        buf.extend_from_slice(&MAGIC);
+        buf.extend_from_slice(&self.fingerprint.to_le_bytes());
+        buf
+    }
+}
+
 /// All known schemas, by fingerprint.
 #[derive(Debug, Clone)]
 pub struct SchemaSet {
@@ -159,9 +170,7 @@ impl SchemaSet {
     /// Encodes `value` with the current schema of `kind`, header included.
     pub fn encode<T: Serialize>(&self, kind: SchemaKind, value: &T) -> Result<Vec<u8>, EncodeError> {
         let w = self.current(kind);
-        let mut buf = Vec::with_capacity(256);
-        buf.extend_from_slice(&MAGIC);
-        buf.extend_from_slice(&w.fingerprint.to_le_bytes());
+        let mut buf = w.header();
         apache_avro::write_avro_datum_ref(&w.schema, value, &mut buf)
             .map_err(|e| EncodeError { schema: kind.full_name(), detail: e.to_string() })?;
         Ok(buf)
@@ -170,9 +179,7 @@ impl SchemaSet {
     /// Encodes an Avro value with the current schema of `kind`, header included.
     pub fn encode_value(&self, kind: SchemaKind, value: Value) -> Result<Vec<u8>, EncodeError> {
         let w = self.current(kind);
-        let mut buf = Vec::with_capacity(256);
-        buf.extend_from_slice(&MAGIC);
-        buf.extend_from_slice(&w.fingerprint.to_le_bytes());
+        let mut buf = w.header();
         let body = apache_avro::to_avro_datum(&w.schema, value)
             .map_err(|e| EncodeError { schema: kind.full_name(), detail: e.to_string() })?;
         buf.extend(body);

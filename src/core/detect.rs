@@ -33,9 +33,6 @@ pub enum Disposition {
 }
 
 impl Disposition {
-    pub const ALL: [Disposition; 5] =
-        [Disposition::Applied, Disposition::Duplicate, Disposition::Held, Disposition::Anomalous, Disposition::Ignored];
-
     pub fn as_str(self) -> &'static str {
         match self {
             Disposition::Applied => "applied",

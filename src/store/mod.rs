@@ -87,8 +87,4 @@ impl Batch {
     pub fn publish(&mut self, record: OutboxRecord) {
         self.outbox.push(record);
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty() && self.entities.is_empty() && self.offsets.is_empty() && self.outbox.is_empty()
-    }
 }
