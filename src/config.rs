@@ -291,6 +291,19 @@ impl Config {
         Ok(())
     }
 
+    /// A copy safe to print: librdkafka settings that carry credentials
+    /// (passwords, secrets, private keys, JAAS configs) are masked.
+    pub fn redacted(&self) -> Config {
+        const SECRET: [&str; 4] = ["password", "secret", "key.pem", "jaas"];
+        let mut cfg = self.clone();
+        for (k, v) in cfg.kafka.iter_mut() {
+            if SECRET.iter().any(|s| k.contains(s)) {
+                *v = "[REDACTED]".to_owned();
+            }
+        }
+        cfg
+    }
+
     /// The core's policy.
     pub fn policy(&self) -> Policy {
         Policy {
@@ -360,5 +373,17 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.kafka["security.protocol"], "SASL_SSL");
         assert_eq!(cfg.policy().confirm_within("sync_customer", None), 1000);
+    }
+
+    #[test]
+    fn redacted_masks_credentials_only() {
+        let cfg = from_toml(
+            "[kafka]\n\"bootstrap.servers\" = \"k:9093\"\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.pem\" = \"PEM\"\n",
+        )
+        .unwrap()
+        .redacted();
+        assert_eq!(cfg.kafka["sasl.password"], "[REDACTED]");
+        assert_eq!(cfg.kafka["ssl.key.pem"], "[REDACTED]");
+        assert_eq!(cfg.kafka["bootstrap.servers"], "k:9093");
     }
 }
