@@ -167,6 +167,15 @@ fn reconciler_service_config_is_valid_and_agrees_with_the_stack() {
     assert!(dockerfile.contains(&format!("EXPOSE {port}")), "the Dockerfile must EXPOSE {port}");
     assert!(dockerfile.contains(&format!("127.0.0.1:{port}/readyz")), "the image's HEALTHCHECK must probe {port}");
     assert!(env.contains_key("RECONCILER_HTTP__TOKEN"), "resolve and redrive need a token");
+    let prometheus = service(&c, "prometheus");
+    let config_dir = strings(&prometheus["volumes"])
+        .iter()
+        .find_map(|v| v.split(':').nth(1).filter(|dst| *dst == "/etc/prometheus").map(|_| v.split(':').next().unwrap().to_owned()))
+        .expect("Prometheus mounts its configuration");
+    assert!(strings(&prometheus["command"]).contains(&"--config.file=/etc/prometheus/prometheus.yml".to_owned()));
+    let scrape = yaml(&root().join(&config_dir).join("prometheus.yml"), false).unwrap();
+    let targets = strings(&scrape["scrape_configs"][0]["static_configs"][0]["targets"]);
+    assert_eq!(targets, vec![format!("reconciler:{port}")], "Prometheus scrapes the reconciler service's port");
 
     // State survives container restarts.
     let state_dir = cfg["state_dir"].as_str().unwrap();
