@@ -68,6 +68,8 @@ pub struct Pipeline {
     /// previous run) already wrote. Past it the partition stays caught up
     /// whatever new traffic arrives.
     catch_up: BTreeMap<i32, Option<i64>>,
+    /// Outputs are stored but never published (`replay` without scratch topics).
+    discard_outputs: bool,
     pub stats: Stats,
 }
 
@@ -122,6 +124,7 @@ impl Pipeline {
             clock,
             fired: HashSet::new(),
             catch_up: BTreeMap::new(),
+            discard_outputs: false,
             stats: Stats::default(),
         })
     }
@@ -130,6 +133,12 @@ impl Pipeline {
     /// the operator API).
     pub fn store(&self) -> Arc<Store> {
         self.store.clone()
+    }
+
+    /// Never publish outputs (verdicts, anomalies, commands, dead letters):
+    /// a replay that only rebuilds state must not write to live topics.
+    pub fn discard_outputs(&mut self) {
+        self.discard_outputs = true;
     }
 
     /// Runs until `shutdown` is set; the batch in hand is finished first.
@@ -296,7 +305,9 @@ impl Pipeline {
         let applied = started.elapsed();
         let seqs = self.store.commit(batch)?;
         let stored = started.elapsed();
-        self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        if !self.discard_outputs {
+            self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        }
         let published = started.elapsed();
         self.store.ack_outbox(seqs)?;
         {
