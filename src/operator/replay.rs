@@ -8,6 +8,12 @@
 //! and its outputs are either discarded or, with an output prefix, published
 //! to scratch topics `{prefix}.verdicts`, ... which can then be compared
 //! with the live verdict topic.
+//!
+//! "The end" is the input topic's high watermarks when the replay starts
+//! (and reading a topic for the diff stops at its high watermarks): a
+//! broker must report them right. tansu's memory engine does not (it
+//! reports the last produce batch's base offset + 1, so a replay against it
+//! stops early); its sqlite engine and Kafka do.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
