@@ -17,6 +17,7 @@
 //! - [`store`]: RocksDB state, timer index, offsets and outbox, written atomically.
 //! - [`kafka`]: consumer-group member, acknowledged publisher, topic admin, reader.
 //! - [`pipeline`]: the run loop wiring them together, and the timer wheel.
+//! - [`operator`]: explain, review, resolve, replay, DLQ re-drive (the operator's tools).
 //! - [`config`], [`cli`]: configuration and command line.
 //! - [`demo`], [`report`]: the demo workload and its summary.
 
@@ -26,6 +27,7 @@ pub mod config;
 pub mod core;
 pub mod demo;
 pub mod kafka;
+pub mod operator;
 pub mod pipeline;
 pub mod report;
 pub mod store;

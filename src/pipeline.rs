@@ -16,6 +16,7 @@ use crate::core::{self, Disposition, EntityState, Event, OperationState, Output,
 use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::producer::Publisher;
 use crate::kafka::{admin, KafkaError, Record};
+use crate::operator::timeline::{Arrival, Recorder};
 use crate::store::{Batch, OutboxRecord, Store, StoreError};
 
 /// Why the pipeline stopped.
@@ -67,6 +68,8 @@ pub struct Pipeline {
     /// previous run) already wrote. Past it the partition stays caught up
     /// whatever new traffic arrives.
     catch_up: BTreeMap<i32, Option<i64>>,
+    /// Outputs are stored but never published (`replay` without scratch topics).
+    discard_outputs: bool,
     pub stats: Stats,
 }
 
@@ -121,8 +124,21 @@ impl Pipeline {
             clock,
             fired: HashSet::new(),
             catch_up: BTreeMap::new(),
+            discard_outputs: false,
             stats: Stats::default(),
         })
+    }
+
+    /// The state store (for readers inside the process: replay progress,
+    /// the operator API).
+    pub fn store(&self) -> Arc<Store> {
+        self.store.clone()
+    }
+
+    /// Never publish outputs (verdicts, anomalies, commands, dead letters):
+    /// a replay that only rebuilds state must not write to live topics.
+    pub fn discard_outputs(&mut self) {
+        self.discard_outputs = true;
     }
 
     /// Runs until `shutdown` is set; the batch in hand is finished first.
@@ -214,6 +230,7 @@ impl Pipeline {
         let mut entities: HashMap<(i32, String), EntityState> = HashMap::new();
         let mut batch = Batch::default();
         let mut outputs = Vec::new();
+        let mut timeline = Recorder::default();
         let mut touched: BTreeMap<i32, i64> = BTreeMap::new();
         for r in &records {
             let Some(expected) = next.get(&r.partition).copied() else { continue };
@@ -248,7 +265,9 @@ impl Pipeline {
             let slot = &mut ops.get_mut(&op_key).expect("inserted above").1;
             let entity = entities.get_mut(&ent_key).expect("inserted above");
             let pos = SourcePos { partition: p, offset: r.offset };
+            let arrival = Arrival::of(&ev, pos, &self.policy);
             let d = core::apply(&self.policy, slot, entity, ev, pos, &mut outputs);
+            timeline.record(&self.store, arrival, d, &outputs, slot.is_some())?;
             *self.stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if d == Disposition::Held {
                 debug!(operation_id = %op_key.1, partition = p, offset = r.offset, "Event held for reordering");
@@ -281,11 +300,14 @@ impl Pipeline {
         for (p, n) in &touched {
             batch.set_offset(*p, *n);
         }
+        timeline.write_to(&mut batch);
         let to_publish = batch.outbox.clone();
         let applied = started.elapsed();
         let seqs = self.store.commit(batch)?;
         let stored = started.elapsed();
-        self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        if !self.discard_outputs {
+            self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        }
         let published = started.elapsed();
         self.store.ack_outbox(seqs)?;
         {
