@@ -17,6 +17,8 @@
 //! - [`store`]: RocksDB state, timer index, offsets and outbox, written atomically.
 //! - [`kafka`]: consumer-group member, acknowledged publisher, topic admin, reader.
 //! - [`pipeline`]: the run loop wiring them together, and the timer wheel.
+//! - [`metrics`]: Prometheus metrics; [`http`]: metrics, health, operator API
+//!   and the exception panel over HTTP.
 //! - [`config`], [`cli`]: configuration and command line.
 //! - [`demo`], [`report`]: the demo workload and its summary.
 
@@ -25,7 +27,9 @@ pub mod codec;
 pub mod config;
 pub mod core;
 pub mod demo;
+pub mod http;
 pub mod kafka;
+pub mod metrics;
 pub mod pipeline;
 pub mod report;
 pub mod store;
