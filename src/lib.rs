@@ -17,6 +17,7 @@
 //! - [`store`]: RocksDB state, timer index, offsets and outbox, written atomically.
 //! - [`kafka`]: consumer-group member, acknowledged publisher, topic admin, reader.
 //! - [`pipeline`]: the run loop wiring them together, and the timer wheel.
+//! - [`operator`]: explain, review, resolve, replay, DLQ re-drive (the operator's tools).
 //! - [`metrics`]: Prometheus metrics; [`http`]: metrics, health, operator API
 //!   and the exception panel over HTTP.
 //! - [`config`], [`cli`]: configuration and command line.
@@ -30,6 +31,7 @@ pub mod demo;
 pub mod http;
 pub mod kafka;
 pub mod metrics;
+pub mod operator;
 pub mod pipeline;
 pub mod report;
 pub mod store;

@@ -17,6 +17,7 @@ use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::producer::Publisher;
 use crate::kafka::{admin, KafkaError, Record};
 use crate::metrics::{self, Metrics, Readiness};
+use crate::operator::timeline::{Arrival, Recorder};
 use crate::store::{Batch, OutboxRecord, Store, StoreError};
 
 /// Why the pipeline stopped.
@@ -232,6 +233,7 @@ impl Pipeline {
         let mut entities: HashMap<(i32, String), EntityState> = HashMap::new();
         let mut batch = Batch::default();
         let mut outputs = Vec::new();
+        let mut timeline = Recorder::default();
         let mut touched: BTreeMap<i32, i64> = BTreeMap::new();
         for r in &records {
             let Some(expected) = next.get(&r.partition).copied() else { continue };
@@ -267,9 +269,11 @@ impl Pipeline {
             let slot = &mut ops.get_mut(&op_key).expect("inserted above").1;
             let entity = entities.get_mut(&ent_key).expect("inserted above");
             let pos = SourcePos { partition: p, offset: r.offset };
+            let arrival = Arrival::of(&ev, pos, &self.policy);
             let failed = metrics::failure_class(&ev.body);
             let d = core::apply(&self.policy, slot, entity, ev, pos, &mut outputs);
             self.metrics.event(d, failed, slot.as_ref());
+            timeline.record(&self.store, arrival, d, &outputs, slot.is_some())?;
             *self.stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if d == Disposition::Held {
                 debug!(operation_id = %op_key.1, entity_id = %ent_key.1, partition = p, offset = r.offset, "Event held for reordering");
@@ -303,6 +307,7 @@ impl Pipeline {
         for (p, n) in &touched {
             batch.set_offset(*p, *n);
         }
+        timeline.write_to(&mut batch);
         let to_publish = batch.outbox.clone();
         let applied = started.elapsed();
         let seqs = self.store.commit(batch)?;

@@ -427,3 +427,179 @@ fn endpoints_that_change_state_require_the_bearer_token() {
         assert!(text.contains("no http.token is configured"), "{text}");
     }
 }
+
+/// Publishes the quiet demo workload and waits until all of it is applied.
+fn served_workload(name: &str) -> (Config, Served, Expected, Vec<DemoRecord>) {
+    let cfg = quiet_config(name);
+    let records = demo::workload(now() - 60_000, 1);
+    let x = expect(&cfg, &records);
+    let served = Served::start(&cfg);
+    demo::publish(&cfg, &records).unwrap();
+    let total = records.len() as f64;
+    assert!(
+        wait_for(Duration::from_secs(60), || served.metrics().sum("reconciler_events_total", &[]) >= total),
+        "the workload was not applied"
+    );
+    (cfg, served, x, records)
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The verdicts of the verdict topic for `operation_id`, waiting until
+/// `done` accepts them.
+fn verdicts_for(
+    cfg: &Config,
+    operation_id: &str,
+    done: impl Fn(&[reconciler::core::Verdict]) -> bool,
+) -> Vec<reconciler::core::Verdict> {
+    let codec = Codec::new();
+    let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts], cfg.topics.partitions).unwrap();
+    let decode = |recs: &[reconciler::kafka::Record]| -> Vec<reconciler::core::Verdict> {
+        recs.iter()
+            .filter_map(|r| codec.decode_verdict(r.value.as_deref()?).ok())
+            .filter(|v| v.operation_id == operation_id)
+            .collect()
+    };
+    reader.read_until(Duration::from_secs(30), |recs| done(&decode(recs)));
+    decode(&reader.of(&cfg.topics.verdicts).cloned().collect::<Vec<_>>())
+}
+
+#[test]
+fn operator_api_explains_reviews_and_resolves_through_the_log() {
+    let _serial = common::serial();
+    let (cfg, served, x, records) = served_workload("http-api");
+    let auth = format!("Bearer {TOKEN}");
+
+    // The review queue: exactly the operations the core left in review.
+    let (code, text) = served.get("/api/review");
+    assert_eq!(code, 200, "{text}");
+    let queue = json(&text);
+    let mut ids: Vec<&str> = queue.as_array().unwrap().iter().map(|c| c["operation_id"].as_str().unwrap()).collect();
+    ids.sort();
+    let mut want: Vec<&str> =
+        x.engine.ops.values().filter(|o| o.status == Status::ManualReview).map(|o| o.operation_id.as_str()).collect();
+    want.sort();
+    assert_eq!(ids, want);
+    for case in queue.as_array().unwrap() {
+        assert!(case["age_ms"].as_i64().unwrap() >= 0 && case["entity_id"].is_string(), "{case}");
+        assert!(!case["reason"].as_str().unwrap().is_empty() && case["recommended_action"].is_string(), "{case}");
+    }
+    let (_, text) = served.get("/api/review?outcome=DIVERGENT");
+    let divergent = json(&text);
+    assert_eq!(divergent.as_array().unwrap().len(), 1, "{divergent}");
+    assert_eq!(divergent[0]["operation_id"], "divergent-0");
+    let (_, text) = served.get("/api/review?type=no_such_type");
+    assert_eq!(json(&text), serde_json::json!([]));
+    let (_, text) = served.get("/api/review?older_than=1d");
+    assert_eq!(json(&text), serde_json::json!([]), "every case entered review about a minute ago");
+    let ids_of = |path: &str| -> Vec<String> {
+        let mut v: Vec<String> = json(&served.get(path).1)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["operation_id"].as_str().unwrap().to_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids_of("/api/review?older_than=10s"), ids_of("/api/review"));
+    assert_eq!(served.get("/api/review?outcome=WRONG").0, 400);
+    assert_eq!(served.get("/api/review?older_than=soon").0, 400);
+
+    // Explain: state, evidence and the timeline of what arrived.
+    let (code, text) = served.get("/api/operations/divergent-0");
+    assert_eq!(code, 200, "{text}");
+    let op = json(&text);
+    assert_eq!(op["state"], "MANUAL_REVIEW");
+    assert_eq!(op["expected"]["version"], 7);
+    assert_eq!(op["observed"]["version"], 8);
+    let arrived =
+        records.iter().filter(|r| matches!(r, DemoRecord::Event(e) if e.operation_id == "divergent-0")).count();
+    assert_eq!(op["timeline"].as_array().unwrap().len(), arrived, "{op}");
+    assert!(op["timeline"][0]["offset"].is_i64());
+    let allowed: Vec<&str> = op["allowed_decisions"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert!(allowed.contains(&"CONFIRM") && !allowed.contains(&"COMPENSATE"), "{allowed:?}");
+    assert_eq!(served.get("/api/operations/no-such-op").0, 404);
+
+    // Resolve: refused decisions and bad bodies are told apart; a good one
+    // goes through the log and comes back as a verdict.
+    let post = |body: &str| {
+        request(served.addr(), "POST", "/api/operations/divergent-0/resolve", &[("Authorization", &auth)], body)
+    };
+    let (code, text) = post(r#"{"decision":"COMPENSATE","actor":"api-test","note":"n"}"#);
+    assert_eq!(code, 409, "{text}");
+    let (code, text) = post(r#"{"decision":"CONFIRM","actor":" ","note":"n"}"#);
+    assert_eq!(code, 400, "{text}");
+    let (code, text) = post(r#"{"decision":"MAYBE","actor":"a","note":"n"}"#);
+    assert_eq!(code, 400, "{text}");
+    let (code, text) = request(
+        served.addr(),
+        "POST",
+        "/api/operations/no-such-op/resolve",
+        &[("Authorization", &auth)],
+        r#"{"decision":"CONFIRM","actor":"a","note":"n"}"#,
+    );
+    assert_eq!(code, 404, "{text}");
+    let (code, text) = post(
+        r#"{"decision":"CONFIRM","actor":"api-test","note":"v8 is right: the CRM applied a later fix","evidence_checked":["crm"]}"#,
+    );
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(json(&text)["published"], true);
+
+    let verdicts = verdicts_for(&cfg, "divergent-0", |vs| vs.iter().any(|v| v.evidence.manual_decision.is_some()));
+    let decided = verdicts.iter().find(|v| v.evidence.manual_decision.is_some()).expect("a verdict for the decision");
+    assert_eq!((decided.outcome.as_str(), decided.state.as_str()), ("CORRECT", "CONFIRMED"));
+    assert_eq!(decided.evidence.manual_decision.as_ref().unwrap().actor, "api-test");
+    assert!(wait_for(Duration::from_secs(10), || json(&served.get("/api/operations/divergent-0").1)["state"]
+        == "CONFIRMED"));
+    let op = json(&served.get("/api/operations/divergent-0").1);
+    let last = op["timeline"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["manual"]["actor"], "api-test", "{last}");
+    assert!(!json(&served.get("/api/review").1).as_array().unwrap().iter().any(|c| c["operation_id"] == "divergent-0"));
+}
+
+#[test]
+fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
+    let _serial = common::serial();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    assert!(
+        dir.join("node_modules/playwright-core").exists(),
+        "tests/browser/node_modules is missing: run scripts/setup.sh --tests (npm ci)"
+    );
+    let (cfg, served, x, _) = served_workload("http-browser");
+    let op = "rejected-0";
+    assert_eq!(x.engine.ops[op].status, Status::ManualReview);
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("panel-browser");
+    let url = format!("http://{}/", served.addr());
+    let out = std::process::Command::new("node")
+        .arg(dir.join("panel.mjs"))
+        .args([url.as_str(), op, "CLOSE", TOKEN])
+        .arg(&shots)
+        .output()
+        .expect("node runs (scripts/setup.sh --tests installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser could not resolve {op}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result = json(stdout.lines().last().unwrap());
+    assert!(result["row_text"].as_str().unwrap().contains("MISSING"), "{result}");
+    assert!(result["timeline_rows"].as_u64().unwrap() >= 2, "{result}");
+    assert!(result["applied"].as_str().unwrap().contains("CLOSED"), "{result}");
+    assert_eq!(result["console_errors"], serde_json::json!([]), "{result}");
+    for shot in ["1-queue.png", "2-operation.png", "3-resolved.png"] {
+        assert!(shots.join(shot).metadata().is_ok_and(|m| m.len() > 10_000), "screenshot {shot}");
+    }
+    eprintln!("panel screenshots in {}", shots.display());
+
+    // The decision went through the log: the verdict topic has it.
+    let verdicts = verdicts_for(&cfg, op, |vs| vs.iter().any(|v| v.evidence.manual_decision.is_some()));
+    let v = verdicts.iter().find(|v| v.evidence.manual_decision.is_some()).expect("the decision's verdict");
+    assert_eq!((v.outcome.as_str(), v.action.as_str(), v.state.as_str()), ("NOT_APPLICABLE", "CLOSE", "CLOSED"));
+    let m = v.evidence.manual_decision.as_ref().unwrap();
+    assert_eq!(m.actor, "browser-test");
+    assert_eq!(m.evidence_checked, vec!["crm record".to_owned(), "panel timeline".to_owned()]);
+}

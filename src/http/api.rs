@@ -1,34 +1,176 @@
 //! The operator API: JSON over the library functions of
-//! [`crate::operator`] (explain, review, resolve, DLQ re-drive).
+//! [`crate::operator`] (explain, review, resolve). Reads run on tokio's
+//! blocking pool (a review scans the store); a decision is published to the
+//! input log, never written to the store.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Deserialize;
 
 use super::{auth, AppState};
+use crate::codec::Codec;
+use crate::core::event::Decision;
+use crate::core::Outcome;
+use crate::kafka::producer::Publisher;
+use crate::operator::{self, OperatorError, ResolveRequest, ReviewFilter};
+use crate::store::StoreError;
 
 /// `{"error": msg}` with `code`.
 pub(super) fn error(code: StatusCode, msg: &str) -> Response {
     (code, Json(serde_json::json!({ "error": msg }))).into_response()
 }
 
-/// `GET /api/operations/{id}`.
-pub(super) async fn operation(State(_s): State<AppState>, Path(_id): Path<String>) -> Response {
-    error(StatusCode::NOT_IMPLEMENTED, "explain is not wired yet")
+/// A failed request: status and message.
+struct ApiError(StatusCode, String);
+
+impl From<OperatorError> for ApiError {
+    fn from(e: OperatorError) -> ApiError {
+        let code = match &e {
+            OperatorError::NotFound(_) => StatusCode::NOT_FOUND,
+            OperatorError::Refused { .. } => StatusCode::CONFLICT,
+            OperatorError::Invalid(_) => StatusCode::BAD_REQUEST,
+            OperatorError::Kafka(_) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
 }
 
-/// `GET /api/review?type=&outcome=&older_than=`.
-pub(super) async fn review(State(_s): State<AppState>) -> Response {
-    error(StatusCode::NOT_IMPLEMENTED, "review is not wired yet")
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        OperatorError::from(e).into()
+    }
 }
 
-/// `POST /api/operations/{id}/resolve`.
-pub(super) async fn resolve(State(s): State<AppState>, headers: HeaderMap, Path(_id): Path<String>) -> Response {
+/// Runs blocking work (store scans, Kafka round trips) off the runtime.
+async fn blocking<T>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Response
+where
+    T: serde::Serialize + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(ApiError(code, msg))) => error(code, &msg),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the request failed: {e}")),
+    }
+}
+
+/// `GET /api/operations/{id}`: state, evidence and timeline.
+pub(super) async fn operation(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    blocking(move || operator::explain(&s.store, &id)?.ok_or_else(|| OperatorError::NotFound(id).into())).await
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct ReviewQuery {
+    #[serde(rename = "type")]
+    operation_type: Option<String>,
+    outcome: Option<String>,
+    /// `90s`, `15m`, `2h`, `7d`, or seconds.
+    older_than: Option<String>,
+}
+
+/// `30s`, `15m`, `2h`, `7d` or a number of seconds, in milliseconds.
+fn duration_ms(text: &str) -> Option<i64> {
+    let t = text.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: i64 = num.parse().ok()?;
+    let per = match unit {
+        "" | "s" => 1_000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(per)
+}
+
+/// `GET /api/review?type=&outcome=&older_than=`: the queue, oldest first.
+pub(super) async fn review(State(s): State<AppState>, Query(q): Query<ReviewQuery>) -> Response {
+    let empty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let outcome = match empty(q.outcome) {
+        None => None,
+        Some(o) => match Outcome::ALL.into_iter().find(|x| x.as_str() == o) {
+            Some(x) => Some(x),
+            None => return error(StatusCode::BAD_REQUEST, &format!("outcome {o:?} is not one of {:?}", Outcome::ALL)),
+        },
+    };
+    let older_than_ms = match empty(q.older_than) {
+        None => None,
+        Some(d) => match duration_ms(&d) {
+            Some(ms) => Some(ms),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("older_than {d:?} is not a duration like 90s, 15m, 2h or 7d"),
+                )
+            }
+        },
+    };
+    let filter = ReviewFilter { operation_type: empty(q.operation_type), outcome, older_than_ms };
+    let now = (s.clock)();
+    blocking(move || Ok(operator::review(&s.store, &filter, now)?)).await
+}
+
+/// The body of a resolve request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResolveBody {
+    decision: Decision,
+    actor: String,
+    note: String,
+    #[serde(default)]
+    evidence_checked: Vec<String>,
+}
+
+/// `POST /api/operations/{id}/resolve`: publishes a ManualDecision event to
+/// the operation's partition of the input topic; the pipeline applies it.
+pub(super) async fn resolve(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Json<ResolveBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
     if let Some(r) = auth::refusal(s.cfg.http.token.as_deref(), &headers) {
         return r;
     }
-    error(StatusCode::NOT_IMPLEMENTED, "resolve is not wired yet")
+    let Json(b) = match body {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("expected {{decision, actor, note, evidence_checked?}}: {e}"),
+            )
+        }
+    };
+    let req = ResolveRequest {
+        operation_id: id,
+        decision: b.decision,
+        actor: b.actor,
+        note: b.note,
+        evidence_checked: b.evidence_checked,
+    };
+    let now = (s.clock)();
+    blocking(move || {
+        let prepared = operator::resolve::prepare(&s.store, &req, now)?;
+        // One decision at a time: the publisher's delivery accounting is per flush.
+        let mut slot = s.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            let p = Publisher::new(&s.cfg.kafka, s.cfg.consumer.max_record_bytes).map_err(OperatorError::from)?;
+            *slot = Some(p);
+        }
+        let publisher = slot.as_ref().expect("set above");
+        operator::resolve::publish(publisher, &Codec::new(), &s.cfg.topics.events, &prepared)?;
+        Ok(serde_json::json!({
+            "published": true,
+            "operation_id": prepared.event.operation_id,
+            "entity_id": prepared.event.entity_id,
+            "event_id": prepared.event.event_id,
+            "partition": prepared.partition,
+            "decision": req.decision.as_str(),
+        }))
+    })
+    .await
 }
 
 /// `POST /api/dlq/redrive`.
@@ -36,5 +178,21 @@ pub(super) async fn redrive(State(s): State<AppState>, headers: HeaderMap) -> Re
     if let Some(r) = auth::refusal(s.cfg.http.token.as_deref(), &headers) {
         return r;
     }
-    error(StatusCode::NOT_IMPLEMENTED, "redrive is not wired yet")
+    error(StatusCode::NOT_IMPLEMENTED, "DLQ re-drive over HTTP is not available yet: use `reconciler dlq redrive`")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration_ms;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration_ms("90"), Some(90_000));
+        assert_eq!(duration_ms("90s"), Some(90_000));
+        assert_eq!(duration_ms("15m"), Some(900_000));
+        assert_eq!(duration_ms("2h"), Some(7_200_000));
+        assert_eq!(duration_ms("7d"), Some(604_800_000));
+        assert_eq!(duration_ms("1w"), None);
+        assert_eq!(duration_ms("h"), None);
+    }
 }

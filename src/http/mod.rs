@@ -13,7 +13,7 @@ mod api;
 mod auth;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use axum::extract::State;
@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::kafka::producer::Publisher;
 use crate::metrics::Metrics;
 use crate::pipeline::{Clock, Pipeline};
 use crate::store::Store;
@@ -45,12 +46,20 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub cfg: Arc<Config>,
     pub clock: Clock,
+    /// Publishes decisions to the input topic; created on first use.
+    pub decisions: Arc<Mutex<Option<Publisher>>>,
 }
 
 impl AppState {
     /// The state of the server beside `pipeline`.
     pub fn of(pipeline: &Pipeline, cfg: Config, clock: Clock) -> AppState {
-        AppState { metrics: pipeline.metrics(), store: pipeline.store(), cfg: Arc::new(cfg), clock }
+        AppState {
+            metrics: pipeline.metrics(),
+            store: pipeline.store(),
+            cfg: Arc::new(cfg),
+            clock,
+            decisions: Arc::new(Mutex::new(None)),
+        }
     }
 }
 

@@ -194,14 +194,14 @@ function renderOperation(op) {
 
   const ex = op.expected || {};
   const ob = op.observed || {};
-  const row = (name, e, o) => {
-    const differs = e !== null && e !== undefined && o !== null && o !== undefined && String(e) !== String(o);
+  const row = (name, e, o, compare) => {
+    const differs = compare && e !== null && e !== undefined && o !== null && o !== undefined && String(e) !== String(o);
     return el("tr", {}, el("th", {}, name), el("td", {}, e ?? "–"), el("td", { class: differs ? "diff" : "" }, o ?? "–"));
   };
   $("d-evidence").replaceChildren(
     el("tr", {}, el("th", {}, ""), el("th", {}, "expected"), el("th", {}, "observed")),
-    row("version", ex.version, ob.version),
-    row("fingerprint", ex.fingerprint, ob.fingerprint),
+    row("version", ex.version, ob.version, true),
+    row("fingerprint", ex.fingerprint, ob.fingerprint, true),
     row("remote ids", null, (ob.remote_ids || []).join(", ") || null),
     row("attempts", ex.max_attempts !== undefined ? `at most ${ex.max_attempts}` : null, ob.attempts),
     row("destination", ex.destination, null),
@@ -246,6 +246,8 @@ function renderOperation(op) {
   off.hidden = allowed.length !== 0;
   off.textContent = allowed.length ? "" : `No decision is possible in state ${op.state}: only operations in manual review can be resolved.`;
   $("r-submit").disabled = allowed.length === 0;
+  $("r-submit").hidden = allowed.length === 0;
+  $("resolve-fields").hidden = allowed.length === 0;
   $("resolve").dataset.operationId = op.operation_id;
 }
 
