@@ -386,6 +386,7 @@ impl Pipeline {
                     value: Some(self.codec.encode_event(&ev)?),
                     headers: Vec::new(),
                 };
+                debug!(operation_id = %t.operation_id, entity_id = %t.entity_id, due = t.at, "Timer due");
                 events.push((rec, p, (t.operation_id, t.at)));
             }
         }

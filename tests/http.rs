@@ -603,3 +603,86 @@ fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
     assert_eq!(m.actor, "browser-test");
     assert_eq!(m.evidence_checked, vec!["crm record".to_owned(), "panel timeline".to_owned()]);
 }
+
+#[test]
+fn run_serves_http_from_its_config_and_logs_json_lines_that_name_the_operation() {
+    let _serial = common::serial();
+    let cfg = quiet_config("http-binary");
+    let t = &cfg.topics;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_reconciler"))
+        .args(["--log-format", "json", "--brokers", &common::brokers(), "run"])
+        .env("RECONCILER_LOG", "debug,rdkafka=warn")
+        .env("RECONCILER_STATE_DIR", &cfg.state_dir)
+        .env("RECONCILER_CONSUMER__GROUP_ID", &cfg.consumer.group_id)
+        .env("RECONCILER_TOPICS__EVENTS", &t.events)
+        .env("RECONCILER_TOPICS__VERDICTS", &t.verdicts)
+        .env("RECONCILER_TOPICS__ANOMALIES", &t.anomalies)
+        .env("RECONCILER_TOPICS__DLQ", &t.dlq)
+        .env("RECONCILER_TOPICS__COMMANDS", &t.commands)
+        .env("RECONCILER_TOPICS__PARTITIONS", "3")
+        .env("RECONCILER_TIME__REORDER_WINDOW_MS", "3600000")
+        .env("RECONCILER_HTTP__BIND", "127.0.0.1:0")
+        .env("RECONCILER_HTTP__TOKEN", TOKEN)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    let collector = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            lines.push(line);
+        }
+        lines
+    });
+    // The address comes from the log line of the server (port 0: any).
+    let addr: SocketAddr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server's log line");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        if v["fields"]["message"].as_str().is_some_and(|m| m.starts_with("HTTP server listening")) {
+            break v["fields"]["addr"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    let records = demo::workload(now() - 60_000, 1);
+    demo::publish(&cfg, &records).unwrap();
+    let total = records.len() as f64;
+    let applied = wait_for(Duration::from_secs(60), || {
+        let (_, text) = request(addr, "GET", "/metrics", &[], "");
+        Samples::parse(&text).sum("reconciler_events_total", &[]) >= total
+    });
+    assert_eq!(request(addr, "GET", "/readyz", &[], "").0, 200);
+    // The token came from RECONCILER_HTTP__TOKEN: accepted (then 404).
+    let auth = format!("Bearer {TOKEN}");
+    let body = r#"{"decision":"CLOSE","actor":"a","note":"n"}"#;
+    let (code, text) = request(addr, "POST", "/api/operations/no-such-op/resolve", &[("Authorization", &auth)], body);
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().unwrap();
+    let lines = collector.join().unwrap();
+    assert!(applied, "the workload was not applied");
+    assert_eq!(code, 404, "{text}");
+    assert!(status.success(), "run exits 0 on SIGTERM");
+
+    let mut about_operations = 0;
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        let f = &v["fields"];
+        if f.get("operation_id").is_some() {
+            about_operations += 1;
+            assert!(f["entity_id"].is_string(), "a line about an operation without entity_id: {line}");
+        }
+    }
+    let verdicts = lines.iter().filter(|l| l.contains("\"message\":\"Verdict\"")).count();
+    let anomalies = lines.iter().filter(|l| l.contains("\"message\":\"Anomaly\"")).count();
+    assert_eq!(verdicts as f64, x_count(&cfg, &records, |o| matches!(o, Output::Verdict(_))));
+    assert_eq!(anomalies as f64, x_count(&cfg, &records, |o| matches!(o, Output::Anomaly(_))));
+    assert!(about_operations >= verdicts + anomalies);
+}
+
+/// How many outputs of the core for `records` satisfy `pred`.
+fn x_count(cfg: &Config, records: &[DemoRecord], pred: impl Fn(&Output) -> bool) -> f64 {
+    let (outputs, _) = demo::predict(cfg, records, 0);
+    outputs.iter().filter(|o| pred(o)).count() as f64
+}
