@@ -69,6 +69,8 @@ pub struct Pipeline {
     /// previous run) already wrote. Past it the partition stays caught up
     /// whatever new traffic arrives.
     catch_up: BTreeMap<i32, Option<i64>>,
+    /// Outputs are stored but never published (`replay` without scratch topics).
+    discard_outputs: bool,
     pub stats: Stats,
     metrics: Arc<Metrics>,
 }
@@ -126,6 +128,7 @@ impl Pipeline {
             clock,
             fired: HashSet::new(),
             catch_up: BTreeMap::new(),
+            discard_outputs: false,
             stats: Stats::default(),
         })
     }
@@ -138,6 +141,12 @@ impl Pipeline {
     /// The state store (read by the operator API while the loop runs).
     pub fn store(&self) -> Arc<Store> {
         self.store.clone()
+    }
+
+    /// Never publish outputs (verdicts, anomalies, commands, dead letters):
+    /// a replay that only rebuilds state must not write to live topics.
+    pub fn discard_outputs(&mut self) {
+        self.discard_outputs = true;
     }
 
     /// Runs until `shutdown` is set; the batch in hand is finished first.
@@ -312,7 +321,9 @@ impl Pipeline {
         let applied = started.elapsed();
         let seqs = self.store.commit(batch)?;
         let stored = started.elapsed();
-        self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        if !self.discard_outputs {
+            self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        }
         let published = started.elapsed();
         self.store.ack_outbox(seqs)?;
         {

@@ -8,8 +8,13 @@
 //! Nothing here edits state: decisions and re-driven records go through the
 //! input log and the pipeline applies them.
 
+pub mod commands;
 pub mod digest;
+pub mod dlq;
 pub mod explain;
+pub mod progress;
+pub mod render;
+pub mod replay;
 pub mod resolve;
 pub mod review;
 pub mod timeline;
@@ -22,6 +27,7 @@ pub use review::{review, ReviewFilter, ReviewItem};
 use crate::codec::EncodeError;
 use crate::core::DecisionRefusal;
 use crate::kafka::KafkaError;
+use crate::pipeline::PipelineError;
 use crate::store::StoreError;
 
 /// Why an operator request failed.
@@ -33,6 +39,8 @@ pub enum OperatorError {
     Kafka(#[from] KafkaError),
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
     #[error("operation {0} is not in the state store (never seen, or removed after retention)")]
     NotFound(String),
     #[error("refused: {decision} for operation {operation_id}: {refusal}")]
