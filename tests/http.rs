@@ -558,6 +558,30 @@ fn operator_api_explains_reviews_and_resolves_through_the_log() {
     let last = op["timeline"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["manual"]["actor"], "api-test", "{last}");
     assert!(!json(&served.get("/api/review").1).as_array().unwrap().iter().any(|c| c["operation_id"] == "divergent-0"));
+
+    // Re-drive: a dry run says what would go; a real one puts the dead
+    // letters back into the input, where (still null) they are
+    // dead-lettered again.
+    let redrive = |body: &str| request(served.addr(), "POST", "/api/dlq/redrive", &[("Authorization", &auth)], body);
+    let (code, text) = redrive(r#"{"dry_run":true}"#);
+    assert_eq!(code, 400, "a re-drive must say what to take: {text}");
+    assert_eq!(redrive(r#"{"positions":["zero"]}"#).0, 400);
+    let nulls = served.metrics().sum("reconciler_dead_letters_total", &[("class", "null_value")]);
+    assert!(nulls >= 1.0);
+    let (code, text) = redrive(r#"{"class":"null_value","dry_run":true}"#);
+    assert_eq!(code, 200, "{text}");
+    let report = json(&text);
+    assert_eq!((report["dry_run"].as_bool(), report["sent"].as_f64()), (Some(true), Some(nulls)), "{report}");
+    let (code, text) = redrive(r#"{"class":"null_value"}"#);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(json(&text)["sent"].as_f64(), Some(nulls), "{text}");
+    assert!(
+        wait_for(Duration::from_secs(30), || served
+            .metrics()
+            .sum("reconciler_dead_letters_total", &[("class", "null_value")])
+            == 2.0 * nulls),
+        "the re-driven records were not consumed again"
+    );
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! blocking pool (a review scans the store); a decision is published to the
 //! input log, never written to the store.
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,6 +15,9 @@ use crate::codec::Codec;
 use crate::core::event::Decision;
 use crate::core::Outcome;
 use crate::kafka::producer::Publisher;
+use crate::operator::commands::parse_position;
+use crate::operator::dlq::{self, DlqFilter};
+use crate::operator::render::parse_duration;
 use crate::operator::{self, OperatorError, ResolveRequest, ReviewFilter};
 use crate::store::StoreError;
 
@@ -66,23 +70,8 @@ pub(super) struct ReviewQuery {
     #[serde(rename = "type")]
     operation_type: Option<String>,
     outcome: Option<String>,
-    /// `90s`, `15m`, `2h`, `7d`, or seconds.
+    /// `90s`, `15m`, `2h`, `7d`, or seconds (as `review --older-than`).
     older_than: Option<String>,
-}
-
-/// `30s`, `15m`, `2h`, `7d` or a number of seconds, in milliseconds.
-fn duration_ms(text: &str) -> Option<i64> {
-    let t = text.trim();
-    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: i64 = num.parse().ok()?;
-    let per = match unit {
-        "" | "s" => 1_000,
-        "m" | "min" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(per)
 }
 
 /// `GET /api/review?type=&outcome=&older_than=`: the queue, oldest first.
@@ -97,19 +86,28 @@ pub(super) async fn review(State(s): State<AppState>, Query(q): Query<ReviewQuer
     };
     let older_than_ms = match empty(q.older_than) {
         None => None,
-        Some(d) => match duration_ms(&d) {
-            Some(ms) => Some(ms),
-            None => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("older_than {d:?} is not a duration like 90s, 15m, 2h or 7d"),
-                )
-            }
+        Some(d) => match parse_duration(&d) {
+            Ok(ms) => Some(ms),
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("older_than: {e}")),
         },
     };
     let filter = ReviewFilter { operation_type: empty(q.operation_type), outcome, older_than_ms };
     let now = (s.clock)();
     blocking(move || Ok(operator::review(&s.store, &filter, now)?)).await
+}
+
+/// A request that changes state: the bearer token first, then the JSON
+/// body (`shape` names its fields in the error).
+fn admit<T>(
+    token: Option<&str>,
+    headers: &HeaderMap,
+    body: Result<Json<T>, JsonRejection>,
+    shape: &str,
+) -> Result<T, Box<Response>> {
+    if let Some(r) = auth::refusal(token, headers) {
+        return Err(Box::new(r));
+    }
+    body.map(|Json(b)| b).map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, &format!("expected {shape}: {e}"))))
 }
 
 /// The body of a resolve request.
@@ -129,19 +127,11 @@ pub(super) async fn resolve(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    body: Result<Json<ResolveBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<ResolveBody>, JsonRejection>,
 ) -> Response {
-    if let Some(r) = auth::refusal(s.cfg.http.token.as_deref(), &headers) {
-        return r;
-    }
-    let Json(b) = match body {
+    let b = match admit(s.cfg.http.token.as_deref(), &headers, body, "{decision, actor, note, evidence_checked?}") {
         Ok(b) => b,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("expected {{decision, actor, note, evidence_checked?}}: {e}"),
-            )
-        }
+        Err(r) => return *r,
     };
     let req = ResolveRequest {
         operation_id: id,
@@ -173,26 +163,38 @@ pub(super) async fn resolve(
     .await
 }
 
-/// `POST /api/dlq/redrive`.
-pub(super) async fn redrive(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(r) = auth::refusal(s.cfg.http.token.as_deref(), &headers) {
-        return r;
-    }
-    error(StatusCode::NOT_IMPLEMENTED, "DLQ re-drive over HTTP is not available yet: use `reconciler dlq redrive`")
+/// The body of a re-drive request: what to select, as `dlq redrive` takes it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RedriveBody {
+    class: Option<String>,
+    /// Dead letters as `"PARTITION:OFFSET"`.
+    #[serde(default)]
+    positions: Vec<String>,
+    limit: Option<usize>,
+    #[serde(default)]
+    dry_run: bool,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::duration_ms;
-
-    #[test]
-    fn durations() {
-        assert_eq!(duration_ms("90"), Some(90_000));
-        assert_eq!(duration_ms("90s"), Some(90_000));
-        assert_eq!(duration_ms("15m"), Some(900_000));
-        assert_eq!(duration_ms("2h"), Some(7_200_000));
-        assert_eq!(duration_ms("7d"), Some(604_800_000));
-        assert_eq!(duration_ms("1w"), None);
-        assert_eq!(duration_ms("h"), None);
-    }
+/// `POST /api/dlq/redrive`: re-publishes the selected dead letters to the
+/// input topic (or, with `dry_run`, says what it would do).
+pub(super) async fn redrive(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<RedriveBody>, JsonRejection>,
+) -> Response {
+    let b = match admit(s.cfg.http.token.as_deref(), &headers, body, "{class?, positions?, limit?, dry_run?}") {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let positions = match b.positions.iter().map(|p| parse_position(p)).collect::<Result<Vec<_>, _>>() {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let filter = DlqFilter { class: b.class.filter(|c| !c.is_empty()), positions, limit: b.limit };
+    blocking(move || {
+        let t = &s.cfg.topics;
+        Ok(dlq::redrive(&s.cfg.kafka, &t.dlq, &t.events, &filter, s.cfg.consumer.max_record_bytes, b.dry_run)?)
+    })
+    .await
 }
