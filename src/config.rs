@@ -221,7 +221,7 @@ pub struct MetricsConfig {
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        MetricsConfig { max_operation_types: 32, refresh_ms: 5000, scan_ops_per_sec: 200_000 }
+        MetricsConfig { max_operation_types: 32, refresh_ms: 5000, scan_ops_per_sec: 100_000 }
     }
 }
 
