@@ -105,7 +105,8 @@ fn run(metrics: &Metrics, src: &Source, stop: &AtomicBool) {
                 None
             }
         };
-    let mut shown = Shown::default();
+    // Configured types show an empty review queue as 0 from the first pass.
+    let mut shown = Shown { review: src.policy.types.keys().cloned().collect(), ..Shown::default() };
     let mut last: Option<(Instant, BTreeSet<i32>)> = None;
     while !stop.load(Ordering::SeqCst) {
         let owned = src.assignment.lock().expect("not poisoned").owned.clone();
