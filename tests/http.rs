@@ -612,8 +612,11 @@ fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
     let result = json(stdout.lines().last().unwrap());
     assert!(result["row_text"].as_str().unwrap().contains("MISSING"), "{result}");
     assert!(result["timeline_rows"].as_u64().unwrap() >= 2, "{result}");
+    assert!(result["wrong_token"].as_str().unwrap().contains("401"), "{result}");
     assert!(result["applied"].as_str().unwrap().contains("CLOSED"), "{result}");
-    assert_eq!(result["console_errors"], serde_json::json!([]), "{result}");
+    // The browser reports the refused request; nothing else may go wrong.
+    let errors = result["console_errors"].as_array().unwrap();
+    assert!(errors.iter().all(|e| e.as_str().unwrap().contains("401 (Unauthorized)")), "{result}");
     for shot in ["1-queue.png", "2-operation.png", "3-resolved.png"] {
         assert!(shots.join(shot).metadata().is_ok_and(|m| m.len() > 10_000), "screenshot {shot}");
     }
@@ -623,6 +626,7 @@ fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
     let verdicts = verdicts_for(&cfg, op, |vs| vs.iter().any(|v| v.evidence.manual_decision.is_some()));
     let v = verdicts.iter().find(|v| v.evidence.manual_decision.is_some()).expect("the decision's verdict");
     assert_eq!((v.outcome.as_str(), v.action.as_str(), v.state.as_str()), ("NOT_APPLICABLE", "CLOSE", "CLOSED"));
+    assert_eq!(verdicts.iter().filter(|v| v.evidence.manual_decision.is_some()).count(), 1, "one decision only");
     let m = v.evidence.manual_decision.as_ref().unwrap();
     assert_eq!(m.actor, "browser-test");
     assert_eq!(m.evidence_checked, vec!["crm record".to_owned(), "panel timeline".to_owned()]);

@@ -45,6 +45,12 @@ try {
   await page.fill("#r-actor", "browser-test");
   await page.fill("#r-note", "Checked the destination record by hand in the browser test.");
   await page.fill("#r-evidence", "crm record, panel timeline");
+  // A wrong token first: the page must say so, and publish nothing.
+  await page.fill("#r-token", "not-the-token");
+  await page.click("#r-submit");
+  const refused = page.locator("#resolve-result .error");
+  await refused.waitFor({ timeout: 10000 });
+  result.wrong_token = await refused.innerText();
   await page.fill("#r-token", token);
   await page.screenshot({ path: join(shots, "2-operation.png"), fullPage: true });
   await page.click("#r-submit");
