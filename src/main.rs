@@ -12,7 +12,7 @@ use reconciler::cli::{Cli, Command, DlqCommand, LogFormat};
 use reconciler::config::Config;
 use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
 use reconciler::pipeline::{system_clock, Pipeline};
-use reconciler::{demo, report};
+use reconciler::{demo, http, report};
 
 /// Logs go to stderr; RECONCILER_LOG (an EnvFilter) overrides `default`.
 fn init_logging(format: LogFormat, default: &str) {
@@ -53,7 +53,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .context("installing signal handlers")?;
                 signal_hook::flag::register(sig, shutdown.clone()).context("installing signal handlers")?;
             }
-            let mut pipeline = Pipeline::new(cfg, system_clock()).context("starting the pipeline")?;
+            let bind = cfg.http.bind_addr()?;
+            let mut pipeline = Pipeline::new(cfg.clone(), system_clock()).context("starting the pipeline")?;
+            let _server = match bind {
+                Some(addr) => Some(http::Server::start(addr, http::AppState::of(&pipeline, cfg, system_clock()))?),
+                None => None,
+            };
             pipeline.run(&shutdown)?;
             Ok(())
         }

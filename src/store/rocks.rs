@@ -157,16 +157,38 @@ impl Store {
 
     /// Every operation of `partition` (for explain, review and digests).
     pub fn ops_of(&self, partition: i32) -> Result<Vec<OperationState>, StoreError> {
-        let prefix = keys::partition_prefix(partition);
         let mut out = Vec::new();
+        self.scan_ops(partition, |op| {
+            out.push(op);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Visits the operations of `partition` one at a time, without holding
+    /// them all in memory; stops early when `visit` returns false.
+    pub fn scan_ops(&self, partition: i32, mut visit: impl FnMut(OperationState) -> bool) -> Result<(), StoreError> {
+        let prefix = keys::partition_prefix(partition);
         for item in self.db.iterator_cf(self.cf(OPS), IteratorMode::From(&prefix, Direction::Forward)) {
             let (k, v) = item?;
-            if !k.starts_with(&prefix) {
+            if !k.starts_with(&prefix) || !visit(decode("operation", &v)?) {
                 break;
             }
-            out.push(decode("operation", &v)?);
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// How many outputs are stored but not yet acknowledged (keys only).
+    pub fn outbox_len(&self) -> Result<usize, StoreError> {
+        let mut n = 0;
+        let mut it = self.db.raw_iterator_cf(self.cf(OUTBOX));
+        it.seek_to_first();
+        while it.valid() {
+            n += 1;
+            it.next();
+        }
+        it.status()?;
+        Ok(n)
     }
 
     /// Partitions this store has consumed from (it holds state for no other).
