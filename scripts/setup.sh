@@ -15,6 +15,7 @@ mode=${1:-}
 # (librdkafka's TLS and compression).
 BUILD_PACKAGES="libclang-dev g++ make pkg-config libssl-dev zlib1g-dev"
 
+# Installs the Debian packages of "$@" that are missing.
 apt_install() {
   local missing=()
   for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -28,16 +29,33 @@ apt_install() {
 apt_install $BUILD_PACKAGES
 [ "$mode" = "--build" ] && exit 0
 
-if [ "$mode" = "--tests" ] && ! python3 -c "import fastavro" >/dev/null 2>&1; then
-  echo "Installing fastavro (interop tests)..."
-  python3 -m pip install --quiet --disable-pip-version-check fastavro
-fi
-
-# Node.js packages of the deployment checks (tests/deploy.rs): a YAML
-# parser and the Compose specification's JSON schema.
-# (npm ci takes a second and keeps node_modules equal to the lock file.)
 if [ "$mode" = "--tests" ]; then
-  (cd "$ROOT/tests/deploy" && npm ci --no-audit --no-fund --loglevel=error)
+  # fastavro: the interop test's independent Avro implementation.
+  if ! python3 -c "import fastavro" >/dev/null 2>&1; then
+    echo "Installing fastavro (interop tests)..."
+    python3 -m pip install --quiet --disable-pip-version-check fastavro
+  fi
+  # promtool (Debian's prometheus package) checks the alert rules; the
+  # panel's browser test drives Debian's Chromium through playwright-core;
+  # Node.js also reads the deployment files' YAML (tests/deploy.rs).
+  missing=()
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+  # npm packages: the browser test's playwright-core (it downloads no
+  # browser of its own), and the deployment checks' YAML parser and the
+  # Compose specification's JSON schema. Reinstalled when a lock file
+  # is newer than what is installed.
+  for dir in tests/browser tests/deploy; do
+    lock="$ROOT/$dir/package-lock.json"
+    stamp="$ROOT/$dir/node_modules/.package-lock.json"
+    if [ ! -f "$stamp" ] || [ "$lock" -nt "$stamp" ]; then
+      echo "Installing the npm packages of $dir (npm ci)..."
+      (cd "$ROOT/$dir" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 fi
 
 "$ROOT/scripts/broker.sh" install
