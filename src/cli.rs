@@ -47,6 +47,13 @@ pub enum Command {
         #[arg(long)]
         group_id: Option<String>,
     },
+    /// Print the effective configuration (defaults, then the file, then
+    /// RECONCILER_* variables, then flags) as TOML and exit; fails naming the
+    /// field when a value is invalid. Checks a deployment's settings without
+    /// connecting to anything.
+    ///
+    /// Example: RECONCILER_CONSUMER__GROUP_ID=recon-eu reconciler config --config reconciler.toml
+    Config,
     /// Publish a workload with every kind of fault to a local broker, run the
     /// pipeline until the verdicts settle, print a summary.
     ///

@@ -266,6 +266,9 @@ impl Default for Config {
     }
 }
 
+/// What [`Config::redacted`] shows instead of a secret.
+pub const REDACTED: &str = "[REDACTED]";
+
 fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field: field.to_owned(), reason: reason.into() }
 }
@@ -363,6 +366,23 @@ impl Config {
         Ok(())
     }
 
+    /// A copy safe to print: the HTTP token and librdkafka settings that
+    /// carry credentials (passwords, secrets, private keys, JAAS configs)
+    /// are masked.
+    pub fn redacted(&self) -> Config {
+        const SECRET: [&str; 4] = ["password", "secret", "key.pem", "jaas"];
+        let mut cfg = self.clone();
+        for (k, v) in cfg.kafka.iter_mut() {
+            if SECRET.iter().any(|s| k.contains(s)) {
+                *v = REDACTED.to_owned();
+            }
+        }
+        if let Some(t) = cfg.http.token.as_mut() {
+            *t = REDACTED.to_owned();
+        }
+        cfg
+    }
+
     /// The core's policy.
     pub fn policy(&self) -> Policy {
         Policy {
@@ -443,5 +463,18 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.kafka["security.protocol"], "SASL_SSL");
         assert_eq!(cfg.policy().confirm_within("sync_customer", None), 1000);
+    }
+
+    #[test]
+    fn redacted_masks_credentials_only() {
+        let cfg = from_toml(
+            "[kafka]\n\"bootstrap.servers\" = \"k:9093\"\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.pem\" = \"PEM\"\n",
+        )
+        .unwrap();
+        let cfg = Config { http: Http { token: Some("t0k3n".into()), ..Http::default() }, ..cfg }.redacted();
+        assert_eq!(cfg.http.token.as_deref(), Some("[REDACTED]"));
+        assert_eq!(cfg.kafka["sasl.password"], "[REDACTED]");
+        assert_eq!(cfg.kafka["ssl.key.pem"], "[REDACTED]");
+        assert_eq!(cfg.kafka["bootstrap.servers"], "k:9093");
     }
 }

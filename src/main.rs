@@ -62,6 +62,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             pipeline.run(&shutdown)?;
             Ok(())
         }
+        Command::Config => {
+            print!("{}", toml::to_string(&cfg.redacted()).context("printing the configuration")?);
+            Ok(())
+        }
         Command::Demo { copies, timeout_secs } => {
             demo::configure(&mut cfg);
             let dir = std::env::temp_dir().join(format!("reconciler-demo-{}", std::process::id()));

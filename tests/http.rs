@@ -355,6 +355,17 @@ fn metrics_count_what_a_known_run_did_and_state_gauges_survive_a_restart() {
     for name in &names {
         assert!(m.has(name), "/metrics does not expose {name}");
     }
+    // Every series the Grafana dashboard and the alert rules query is one
+    // this run exposes, by its exact name (histograms by `_bucket`).
+    let metric = regex::Regex::new(r"reconciler_[a-z_]+").unwrap();
+    for file in ["deploy/grafana/reconciler.json", "deploy/prometheus/alerts.yml"] {
+        let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+        let used: std::collections::BTreeSet<&str> = metric.find_iter(&text).map(|x| x.as_str()).collect();
+        assert!(used.len() >= 8, "{file} queries too little: {used:?}");
+        for name in used {
+            assert!(m.0.iter().any(|(n, _, _)| n == name), "{file} queries {name}, which /metrics does not expose");
+        }
+    }
     served.stop();
 
     // A new process on the same state: counters start again, the state
