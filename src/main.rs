@@ -88,15 +88,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", commands::explain_cmd(&cfg, &operation_id, view.json)?);
             Ok(())
         }
-        Command::Review { operation_type, older_than, view } => {
+        Command::Review { operation_type, outcome, older_than, view } => {
             set_state_dir(&mut cfg, view.state_dir);
-            let filter = ReviewFilter { operation_type, older_than_ms: older_than, ..Default::default() };
+            let filter = ReviewFilter { operation_type, outcome, older_than_ms: older_than };
             print!("{}", commands::review_cmd(&cfg, &filter, view.json)?);
             Ok(())
         }
         Command::Resolve { operation_id, decision, actor, note, evidence_checked, view } => {
             set_state_dir(&mut cfg, view.state_dir);
-            let req = ResolveRequest { operation_id, decision: decision.into(), actor, note, evidence_checked };
+            let req = ResolveRequest { operation_id, decision, actor, note, evidence_checked };
             print!("{}", commands::resolve_cmd(&cfg, &req, view.json)?);
             Ok(())
         }

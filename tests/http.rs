@@ -556,7 +556,7 @@ fn operator_api_explains_reviews_and_resolves_through_the_log() {
     );
     assert_eq!(code, 404, "{text}");
     let (code, text) = post(
-        r#"{"decision":"CONFIRM","actor":"api-test","note":"v8 is right: the CRM applied a later fix","evidence_checked":["crm"]}"#,
+        r#"{"decision":"confirm","actor":"api-test","note":"v8 is right: the CRM applied a later fix","evidence_checked":["crm"]}"#,
     );
     assert_eq!(code, 200, "{text}");
     assert_eq!(json(&text)["published"], true);
