@@ -11,7 +11,10 @@ WORKDIR /src
 COPY scripts/ scripts/
 RUN scripts/setup.sh --build
 COPY . .
-ENV CARGO_TARGET_DIR=/src/target
+# Both cargo directories inside the cache mount: scripts/env.sh would put
+# the intermediate artifacts (RocksDB, librdkafka) in ~/.cache otherwise,
+# outside the cache, rebuilt every time and kept in the layer.
+ENV CARGO_TARGET_DIR=/src/target CARGO_BUILD_BUILD_DIR=/src/target/build
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,sharing=locked \
     scripts/build.sh && cp /src/target/release/reconciler /usr/local/bin/reconciler

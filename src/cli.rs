@@ -5,14 +5,15 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::core::event::Decision;
+use crate::core::Outcome;
 use crate::operator::commands::parse_position;
-use crate::operator::render::parse_duration;
+use crate::operator::render::{parse_decision, parse_duration, parse_outcome};
 
 /// Proves whether asynchronous work really happened: consumes operation
 /// lifecycle events from Kafka and publishes verdicts, anomalies and dead
 /// letters.
 #[derive(Debug, Parser)]
-#[command(name = "reconciler", version, about, long_about = None)]
+#[command(name = "reconciler", version, about, long_about = None, after_help = EXAMPLES)]
 pub struct Cli {
     /// TOML configuration file (RECONCILER_* variables and flags override it).
     #[arg(long, short, global = true, env = "RECONCILER_CONFIG_FILE")]
@@ -26,6 +27,15 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
+
+const EXAMPLES: &str = "Examples:
+  reconciler run --config reconciler.toml
+  reconciler review --older-than 1h              # the manual-review queue, oldest first
+  reconciler explain op-452                      # why: evidence and timeline of one operation
+  reconciler resolve op-452 --decision confirm --actor ana --note \"CRM shows v7\"
+  reconciler dlq inspect --limit 20
+
+Every subcommand has its own --help with an example.";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -88,6 +98,10 @@ pub enum Command {
         /// Only this operation type.
         #[arg(long = "type")]
         operation_type: Option<String>,
+        /// Only this verdict outcome (MISSING, DIVERGENT, AMBIGUOUS,
+        /// DUPLICATE_EFFECT, ...; any case).
+        #[arg(long, value_parser = parse_outcome)]
+        outcome: Option<Outcome>,
         /// Only cases in review at least this long (500ms, 30s, 10m, 2h, 3d).
         #[arg(long, value_parser = parse_duration)]
         older_than: Option<i64>,
@@ -103,8 +117,10 @@ pub enum Command {
     Resolve {
         /// The operation_id.
         operation_id: String,
-        #[arg(long, value_enum)]
-        decision: DecisionArg,
+        /// confirm, requeue, compensate or close (any case; `explain` lists
+        /// the ones the operation accepts now).
+        #[arg(long, value_parser = parse_decision)]
+        decision: Decision,
         /// Who decides (recorded in the log and the verdict).
         #[arg(long)]
         actor: String,
@@ -140,6 +156,8 @@ pub enum Command {
         json: bool,
     },
     /// Dead letters: inspect them, re-drive them after a fix.
+    ///
+    /// Example: reconciler dlq inspect --class bad_magic --limit 20
     Dlq {
         #[command(subcommand)]
         command: DlqCommand,
@@ -193,24 +211,4 @@ pub enum DlqCommand {
         #[arg(long)]
         json: bool,
     },
-}
-
-/// A manual decision (SPEC §4 ManualDecision).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DecisionArg {
-    Confirm,
-    Requeue,
-    Compensate,
-    Close,
-}
-
-impl From<DecisionArg> for Decision {
-    fn from(d: DecisionArg) -> Decision {
-        match d {
-            DecisionArg::Confirm => Decision::Confirm,
-            DecisionArg::Requeue => Decision::Requeue,
-            DecisionArg::Compensate => Decision::Compensate,
-            DecisionArg::Close => Decision::Close,
-        }
-    }
 }

@@ -88,15 +88,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", commands::explain_cmd(&cfg, &operation_id, view.json)?);
             Ok(())
         }
-        Command::Review { operation_type, older_than, view } => {
+        Command::Review { operation_type, outcome, older_than, view } => {
             set_state_dir(&mut cfg, view.state_dir);
-            let filter = ReviewFilter { operation_type, older_than_ms: older_than, ..Default::default() };
+            let filter = ReviewFilter { operation_type, outcome, older_than_ms: older_than };
             print!("{}", commands::review_cmd(&cfg, &filter, view.json)?);
             Ok(())
         }
         Command::Resolve { operation_id, decision, actor, note, evidence_checked, view } => {
             set_state_dir(&mut cfg, view.state_dir);
-            let req = ResolveRequest { operation_id, decision: decision.into(), actor, note, evidence_checked };
+            let req = ResolveRequest { operation_id, decision, actor, note, evidence_checked };
             print!("{}", commands::resolve_cmd(&cfg, &req, view.json)?);
             Ok(())
         }
@@ -129,6 +129,24 @@ fn set_state_dir(cfg: &mut Config, dir: Option<std::path::PathBuf>) {
     }
 }
 
+/// The error and its causes, each said once: library errors often repeat
+/// their source in their own message ("metadata of t: BrokerTransportFailure")
+/// and `{:#}` would print it again.
+fn causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo's output is its summary; the pipeline's own lines would bury it.
@@ -142,8 +160,20 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", causes(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A cause already said by the message that wraps it is not repeated.
+    #[test]
+    fn error_causes_are_said_once() {
+        let e = anyhow::Error::msg("BrokerTransportFailure")
+            .context("metadata of t: BrokerTransportFailure")
+            .context("reading the DLQ");
+        assert_eq!(super::causes(&e), "reading the DLQ: metadata of t: BrokerTransportFailure");
     }
 }

@@ -52,10 +52,41 @@ fn missing_config_file_is_named() {
 }
 
 #[test]
-fn every_command_has_help() {
-    for cmd in [vec!["--help"], vec!["run", "--help"], vec!["demo", "--help"]] {
-        let (ok, out) = reconciler(&cmd, &[]);
-        assert!(ok, "{cmd:?}: {out}");
-        assert!(out.contains("Usage"), "{cmd:?}: {out}");
+fn every_command_has_help_with_an_example() {
+    let commands: [&[&str]; 11] = [
+        &[],
+        &["run"],
+        &["config"],
+        &["demo"],
+        &["explain"],
+        &["review"],
+        &["resolve"],
+        &["replay"],
+        &["dlq"],
+        &["dlq", "inspect"],
+        &["dlq", "redrive"],
+    ];
+    for cmd in commands {
+        let args: Vec<&str> = cmd.iter().copied().chain(["--help"]).collect();
+        let (ok, out) = reconciler(&args, &[]);
+        assert!(ok, "{args:?}: {out}");
+        assert!(out.contains("Usage") && out.contains("Example"), "{args:?} has no example: {out}");
     }
+}
+
+/// `explain` and the panel print decisions as CONFIRM; typed back, they
+/// must be understood (the failure is then about the state, not the word).
+#[test]
+fn decision_and_outcome_are_accepted_as_explain_prints_them() {
+    let missing = std::env::temp_dir().join(format!("reconciler-cli-{}-no-state", std::process::id()));
+    let dir = missing.to_str().unwrap();
+    for decision in ["CONFIRM", "confirm", "Close"] {
+        let args = ["resolve", "op-1", "--decision", decision, "--actor", "a", "--note", "n", "--state-dir", dir];
+        let (ok, out) = reconciler(&args, &[]);
+        assert!(!ok && out.contains("no state store"), "{decision}: {out}");
+    }
+    let (ok, out) = reconciler(&["resolve", "op-1", "--decision", "approve", "--actor", "a", "--note", "n"], &[]);
+    assert!(!ok && out.contains("CONFIRM, REQUEUE, COMPENSATE, CLOSE"), "{out}");
+    let (ok, out) = reconciler(&["review", "--outcome", "duplicate_effect", "--state-dir", dir], &[]);
+    assert!(!ok && out.contains("no state store"), "{out}");
 }

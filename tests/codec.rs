@@ -329,6 +329,18 @@ fn decode_errors_are_typed() {
     assert!(matches!(validate_key(None, &ev), Err(DecodeError::KeyMismatch { .. })));
 }
 
+/// The DLQ's error message is read by people: no `Some(..)` from Rust.
+#[test]
+fn key_mismatch_message_names_the_key_as_text() {
+    let e = DecodeError::KeyMismatch { key: Some("not-cust-1".into()), entity_id: "cust-1".into() };
+    assert_eq!(
+        e.to_string(),
+        "record key \"not-cust-1\" does not equal entity_id \"cust-1\": producers must key by entity_id"
+    );
+    let e = DecodeError::KeyMismatch { key: None, entity_id: "cust-1".into() };
+    assert!(e.to_string().starts_with("record key (none) does not equal"), "{e}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 

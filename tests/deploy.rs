@@ -227,6 +227,30 @@ fn dockerfile_builds_with_the_ci_scripts_and_runs_as_non_root() {
     assert!(runtime.contains("ENTRYPOINT [\"reconciler\"]"), "the image's entry point is the binary");
 }
 
+/// scripts/env.sh sends cargo's intermediate artifacts to ~/.cache unless
+/// told otherwise: in the image build both directories must lie in the
+/// cache mount, or every build compiles RocksDB again.
+#[test]
+fn dockerfile_keeps_both_cargo_directories_in_its_build_cache() {
+    let dockerfile = read("Dockerfile");
+    let caches: Vec<&str> = dockerfile
+        .split("--mount=type=cache,target=")
+        .skip(1)
+        .map(|rest| rest.split([',', ' ', '\\', '\n']).next().unwrap())
+        .collect();
+    let env = read("scripts/env.sh");
+    for var in ["CARGO_TARGET_DIR", "CARGO_BUILD_BUILD_DIR"] {
+        assert!(env.contains(&format!("export {var}=")), "scripts/env.sh no longer sets {var}: revisit this test");
+        let value = dockerfile
+            .lines()
+            .filter_map(|l| l.strip_prefix("ENV "))
+            .flat_map(|l| l.split_whitespace())
+            .find_map(|kv| kv.strip_prefix(&format!("{var}=")))
+            .unwrap_or_else(|| panic!("the Dockerfile does not set {var}"));
+        assert!(caches.iter().any(|c| value.starts_with(c)), "{var}={value} is outside the cache mounts {caches:?}");
+    }
+}
+
 #[test]
 fn grafana_provisioning_matches_the_mounts_and_the_dashboard() {
     let c = compose();

@@ -556,7 +556,7 @@ fn operator_api_explains_reviews_and_resolves_through_the_log() {
     );
     assert_eq!(code, 404, "{text}");
     let (code, text) = post(
-        r#"{"decision":"CONFIRM","actor":"api-test","note":"v8 is right: the CRM applied a later fix","evidence_checked":["crm"]}"#,
+        r#"{"decision":"confirm","actor":"api-test","note":"v8 is right: the CRM applied a later fix","evidence_checked":["crm"]}"#,
     );
     assert_eq!(code, 200, "{text}");
     assert_eq!(json(&text)["published"], true);
@@ -626,6 +626,8 @@ fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
     assert!(result["row_text"].as_str().unwrap().contains("MISSING"), "{result}");
     assert!(result["timeline_rows"].as_u64().unwrap() >= 2, "{result}");
     assert!(result["wrong_token"].as_str().unwrap().contains("401"), "{result}");
+    // Nothing is decided for the person: the form starts without a decision.
+    assert_eq!(result["preselected_decision"], "", "{result}");
     assert!(result["applied"].as_str().unwrap().contains("CLOSED"), "{result}");
     // The browser reports the refused request; nothing else may go wrong.
     let errors = result["console_errors"].as_array().unwrap();

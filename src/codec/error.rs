@@ -24,7 +24,7 @@ pub enum DecodeError {
     TrailingBytes { schema: String, trailing: usize },
     #[error("invalid field {field}: {reason}")]
     InvalidField { field: &'static str, reason: String },
-    #[error("record key {key:?} does not equal entity_id {entity_id:?}")]
+    #[error("record key {} does not equal entity_id {entity_id:?}: producers must key by entity_id", key.as_ref().map_or_else(|| "(none)".to_owned(), |k| format!("{k:?}")))]
     KeyMismatch { key: Option<String>, entity_id: String },
 }
 

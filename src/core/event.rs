@@ -38,6 +38,16 @@ pub enum ErrorClass {
     Permanent,
 }
 
+impl ErrorClass {
+    /// The schema symbol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Transient => "TRANSIENT",
+            ErrorClass::Permanent => "PERMANENT",
+        }
+    }
+}
+
 /// Where a piece of evidence came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

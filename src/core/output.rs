@@ -242,6 +242,16 @@ pub enum RepairAction {
     Probe,
 }
 
+impl RepairAction {
+    /// The schema symbol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairAction::Requeue => "REQUEUE",
+            RepairAction::Probe => "PROBE",
+        }
+    }
+}
+
 /// Published in `act` mode for REQUEUE and PROBE verdicts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepairCommand {

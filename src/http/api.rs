@@ -12,12 +12,10 @@ use serde::Deserialize;
 
 use super::{auth, AppState};
 use crate::codec::Codec;
-use crate::core::event::Decision;
-use crate::core::Outcome;
 use crate::kafka::producer::Publisher;
 use crate::operator::commands::parse_position;
 use crate::operator::dlq::{self, DlqFilter};
-use crate::operator::render::parse_duration;
+use crate::operator::render::{parse_decision, parse_duration, parse_outcome};
 use crate::operator::{self, OperatorError, ResolveRequest, ReviewFilter};
 use crate::store::StoreError;
 
@@ -77,12 +75,9 @@ pub(super) struct ReviewQuery {
 /// `GET /api/review?type=&outcome=&older_than=`: the queue, oldest first.
 pub(super) async fn review(State(s): State<AppState>, Query(q): Query<ReviewQuery>) -> Response {
     let empty = |v: Option<String>| v.filter(|s| !s.is_empty());
-    let outcome = match empty(q.outcome) {
-        None => None,
-        Some(o) => match Outcome::ALL.into_iter().find(|x| x.as_str() == o) {
-            Some(x) => Some(x),
-            None => return error(StatusCode::BAD_REQUEST, &format!("outcome {o:?} is not one of {:?}", Outcome::ALL)),
-        },
+    let outcome = match empty(q.outcome).map(|o| parse_outcome(&o)).transpose() {
+        Ok(o) => o,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
     let older_than_ms = match empty(q.older_than) {
         None => None,
@@ -114,7 +109,8 @@ fn admit<T>(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ResolveBody {
-    decision: Decision,
+    /// CONFIRM, REQUEUE, COMPENSATE or CLOSE, in any case (as the CLI).
+    decision: String,
     actor: String,
     note: String,
     #[serde(default)]
@@ -133,9 +129,13 @@ pub(super) async fn resolve(
         Ok(b) => b,
         Err(r) => return *r,
     };
+    let decision = match parse_decision(&b.decision) {
+        Ok(d) => d,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
     let req = ResolveRequest {
         operation_id: id,
-        decision: b.decision,
+        decision,
         actor: b.actor,
         note: b.note,
         evidence_checked: b.evidence_checked,

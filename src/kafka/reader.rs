@@ -83,7 +83,14 @@ fn watermarks_with(consumer: &BaseConsumer, topic: &str) -> Result<BTreeMap<i32,
         .find(|t| t.name() == topic)
         .ok_or_else(|| KafkaError::Other(format!("topic {topic} not found")))?;
     if let Some(e) = t.error() {
-        return Err(KafkaError::Other(format!("topic {topic}: {:?}", rdkafka::error::RDKafkaErrorCode::from(e))));
+        let code = rdkafka::error::RDKafkaErrorCode::from(e);
+        let hint = match code {
+            rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition => {
+                " (no such topic: check [topics] in the configuration)"
+            }
+            _ => "",
+        };
+        return Err(KafkaError::Other(format!("topic {topic}: {code:?}{hint}")));
     }
     let mut out = BTreeMap::new();
     for p in t.partitions() {

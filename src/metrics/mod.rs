@@ -324,12 +324,8 @@ impl Metrics {
     pub fn event(&self, d: Disposition, failed: Option<ErrorClass>, op: Option<&OperationState>) {
         self.events.with_label_values(&[d.as_str()]).inc();
         if let (Disposition::Applied, Some(class), Some(op)) = (d, failed, op) {
-            let class = match class {
-                ErrorClass::Transient => "TRANSIENT",
-                ErrorClass::Permanent => "PERMANENT",
-            };
             let next = if op.status == Status::ManualReview { "review" } else { "retry" };
-            self.attempt_failures.with_label_values(&[class, next]).inc();
+            self.attempt_failures.with_label_values(&[class.as_str(), next]).inc();
         }
     }
 
@@ -346,8 +342,7 @@ impl Metrics {
                 let ty = self.type_label(&v.operation_type);
                 self.verdicts.with_label_values(&[v.outcome.as_str(), v.action.as_str(), ty]).inc();
                 if let Some(m) = &v.evidence.manual_decision {
-                    let d = format!("{:?}", m.decision).to_ascii_uppercase();
-                    self.manual_decisions.with_label_values(&[d.as_str()]).inc();
+                    self.manual_decisions.with_label_values(&[m.decision.as_str()]).inc();
                 }
                 if v.outcome == crate::core::Outcome::Correct && v.state == Status::Confirmed {
                     if let Some(req) = v.evidence.requested_at {
@@ -357,13 +352,7 @@ impl Metrics {
                 }
             }
             Output::Anomaly(a) => self.anomalies.with_label_values(&[a.kind.as_str()]).inc(),
-            Output::Command(c) => {
-                let action = match c.action {
-                    crate::core::output::RepairAction::Requeue => "REQUEUE",
-                    crate::core::output::RepairAction::Probe => "PROBE",
-                };
-                self.commands.with_label_values(&[action]).inc();
-            }
+            Output::Command(c) => self.commands.with_label_values(&[c.action.as_str()]).inc(),
         }
     }
 

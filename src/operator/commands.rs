@@ -65,8 +65,17 @@ pub fn explain_cmd(cfg: &Config, operation_id: &str, as_json: bool) -> Result<St
 /// `reconciler review`.
 pub fn review_cmd(cfg: &Config, filter: &ReviewFilter, as_json: bool) -> Result<String, OperatorError> {
     let view = open_view(cfg)?;
-    let items = review::review(&view.store, filter, system_clock()())?;
-    Ok(if as_json { json(&items) } else { render::review(&items) })
+    let now = system_clock()();
+    let items = review::review(&view.store, filter, now)?;
+    if as_json {
+        return Ok(json(&items));
+    }
+    let filtered = filter.operation_type.is_some() || filter.outcome.is_some() || filter.older_than_ms.is_some();
+    if items.is_empty() && filtered {
+        let all = review::review(&view.store, &ReviewFilter::default(), now)?.len();
+        return Ok(format!("No case matches these filters ({all} operation(s) in review in all).\n"));
+    }
+    Ok(render::review(&items))
 }
 
 /// `reconciler resolve OP --decision D --actor A --note N`.
@@ -125,6 +134,11 @@ pub fn dlq_redrive_cmd(
     dry_run: bool,
     as_json: bool,
 ) -> Result<String, OperatorError> {
+    if filter.class.is_none() && filter.positions.is_empty() {
+        return Err(OperatorError::Invalid(
+            "choose what to re-drive: --class CLASS or --offset PARTITION:OFFSET (see `reconciler dlq inspect`)".into(),
+        ));
+    }
     let t = &cfg.topics;
     let report = dlq::redrive(&cfg.kafka, &t.dlq, &t.events, filter, cfg.consumer.max_record_bytes, dry_run)?;
     Ok(if as_json { json(&report) } else { render::redrive(&report) })

@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::OperatorError;
+use crate::codec::DecodeError;
 use crate::kafka::producer::Publisher;
 use crate::kafka::reader::read_to_end;
 use crate::kafka::Record;
@@ -74,6 +75,18 @@ pub struct DlqFilter {
 }
 
 impl DlqFilter {
+    /// Refuses a class no dead letter can have: a typo would otherwise
+    /// read as "nothing to re-drive".
+    fn check(&self) -> Result<(), OperatorError> {
+        match &self.class {
+            Some(c) if !DecodeError::CLASSES.contains(&c.as_str()) => Err(OperatorError::Invalid(format!(
+                "unknown error class {c:?}: the classes are {}",
+                DecodeError::CLASSES.join(", ")
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     fn selects(&self, d: &DeadLetter) -> bool {
         self.class.as_ref().is_none_or(|c| *c == d.class)
             && (self.positions.is_empty() || self.positions.contains(&(d.partition, d.offset)))
@@ -127,6 +140,7 @@ pub fn inspect(
     dlq_topic: &str,
     filter: &DlqFilter,
 ) -> Result<Vec<DeadLetter>, OperatorError> {
+    filter.check()?;
     let mut out: Vec<DeadLetter> = read_to_end(kafka, dlq_topic, READ_TIMEOUT)?
         .into_iter()
         .map(dead_letter)
@@ -194,6 +208,20 @@ pub fn redrive(
         ));
     }
     let letters = inspect(kafka, dlq_topic, filter)?;
+    // Every position asked for must be there: nothing is sent otherwise.
+    let absent: Vec<String> = filter
+        .positions
+        .iter()
+        .filter(|(p, o)| !letters.iter().any(|d| (d.partition, d.offset) == (*p, *o)))
+        .map(|(p, o)| format!("{p}:{o}"))
+        .collect();
+    if !absent.is_empty() {
+        return Err(OperatorError::Invalid(format!(
+            "no dead letter at {} in {dlq_topic}{}; nothing was re-driven",
+            absent.join(", "),
+            if filter.class.is_some() { " with that class" } else { "" }
+        )));
+    }
     let mut items = Vec::new();
     let mut records = Vec::new();
     for d in &letters {
@@ -223,11 +251,26 @@ pub fn redrive(
                 class = %d.class,
                 key = d.key.as_deref().unwrap_or(""),
                 to_topic = input_topic,
-                to_partition = ?p,
+                to_partition = p.map_or_else(|| "by key".to_owned(), |p| p.to_string()),
                 "Dead letter re-driven"
             );
         }
     }
     let sent = records.len();
     Ok(RedriveReport { dry_run, sent, skipped: items.len() - sent, items })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--class oversized` must not read as "no dead letters".
+    #[test]
+    fn unknown_class_is_refused_with_the_known_ones() {
+        let f = DlqFilter { class: Some("oversized".into()), ..Default::default() };
+        let e = f.check().unwrap_err().to_string();
+        assert!(e.contains("\"oversized\"") && e.contains("oversize, bad_magic"), "{e}");
+        assert!(DlqFilter { class: Some("oversize".into()), ..Default::default() }.check().is_ok());
+        assert!(DlqFilter::default().check().is_ok());
+    }
 }

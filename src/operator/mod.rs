@@ -25,6 +25,7 @@ pub use resolve::{PreparedDecision, ResolveRequest};
 pub use review::{review, ReviewFilter, ReviewItem};
 
 use crate::codec::EncodeError;
+use crate::core::event::Decision;
 use crate::core::DecisionRefusal;
 use crate::kafka::KafkaError;
 use crate::pipeline::PipelineError;
@@ -43,10 +44,19 @@ pub enum OperatorError {
     Pipeline(#[from] PipelineError),
     #[error("operation {0} is not in the state store (never seen, or removed after retention)")]
     NotFound(String),
-    #[error("refused: {decision} for operation {operation_id}: {refusal}")]
-    Refused { operation_id: String, decision: &'static str, refusal: DecisionRefusal },
+    #[error("refused: {decision} for operation {operation_id}: {refusal}; {}", accepted(.allowed))]
+    Refused { operation_id: String, decision: &'static str, refusal: DecisionRefusal, allowed: Vec<Decision> },
     #[error("{0}")]
     Invalid(String),
+}
+
+/// What a refused person may do instead.
+fn accepted(allowed: &[Decision]) -> String {
+    if allowed.is_empty() {
+        "it accepts no decision now (see `reconciler explain`)".to_owned()
+    } else {
+        format!("it accepts {} now", render::decisions(allowed))
+    }
 }
 
 #[cfg(test)]

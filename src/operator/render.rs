@@ -8,6 +8,8 @@ use super::dlq::{DeadLetter, RedriveReport};
 use super::explain::Explanation;
 use super::replay::ReplaySummary;
 use super::review::ReviewItem;
+use crate::core::event::Decision;
+use crate::core::Outcome;
 
 /// Milliseconds since the epoch as `2026-11-29T11:02:03.456Z`.
 pub fn time(ms: i64) -> String {
@@ -56,6 +58,32 @@ pub fn parse_duration(text: &str) -> Result<i64, String> {
     n.checked_mul(factor).ok_or_else(|| format!("{text:?} is too long"))
 }
 
+/// The value of `all` whose name (`name(v)`, e.g. `CONFIRM`) is `text` in
+/// any case: the CLI, the API and the panel accept the names that
+/// `explain`, `review` and the verdicts print, typed as a person types them.
+fn parse_name<T: Copy>(what: &str, text: &str, all: &[T], name: fn(T) -> &'static str) -> Result<T, String> {
+    let t = text.trim();
+    all.iter().copied().find(|v| name(*v).eq_ignore_ascii_case(t)).ok_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|v| name(*v)).collect();
+        format!("{what} {text:?} is not one of {}", names.join(", "))
+    })
+}
+
+/// Parses a decision (`confirm`, `CONFIRM`, ...).
+pub fn parse_decision(text: &str) -> Result<Decision, String> {
+    parse_name("decision", text, &Decision::ALL, Decision::as_str)
+}
+
+/// Parses a verdict outcome (`divergent`, `DUPLICATE_EFFECT`, ...).
+pub fn parse_outcome(text: &str) -> Result<Outcome, String> {
+    parse_name("outcome", text, &Outcome::ALL, Outcome::as_str)
+}
+
+/// Decisions as a person reads them: `CONFIRM, REQUEUE, CLOSE`.
+pub fn decisions(ds: &[Decision]) -> String {
+    ds.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", ")
+}
+
 /// Pads/cuts `s` to `w` characters.
 fn cell(s: &str, w: usize) -> String {
     let n = s.chars().count();
@@ -90,8 +118,8 @@ pub fn explanation(x: &Explanation) -> String {
         let _ = writeln!(o, "Verdict     {} / {}: {}", v.outcome.as_str(), v.action.as_str(), v.reason);
     }
     if !x.allowed_decisions.is_empty() {
-        let ds: Vec<&str> = x.allowed_decisions.iter().map(|d| d.as_str()).collect();
-        let _ = writeln!(o, "Decisions   {}", ds.join(", "));
+        let _ = writeln!(o, "Decisions   {}", decisions(&x.allowed_decisions));
+        let _ = writeln!(o, "Decide with reconciler resolve {} --decision D --actor NAME --note TEXT", x.operation_id);
     }
     let _ = writeln!(o, "\n{:<14}{:<28}observed", "", "expected");
     let e = x.expected.as_ref();
@@ -218,6 +246,8 @@ pub fn review(items: &[ReviewItem]) -> String {
         );
     }
     let _ = writeln!(o, "{} operation(s) in review, oldest first.", items.len());
+    let _ = writeln!(o, "Evidence and timeline: reconciler explain OPERATION");
+    let _ = writeln!(o, "Decide: reconciler resolve OPERATION --decision D --actor NAME --note TEXT");
     o
 }
 
@@ -227,6 +257,7 @@ pub fn dead_letters(items: &[DeadLetter]) -> String {
         return "No dead letters match.\n".to_owned();
     }
     let mut o = String::new();
+    let _ = writeln!(o, "dlq p/offset, class, key, value size, read from topic/partition/offset at time:");
     for d in items {
         let src = &d.source;
         let _ = writeln!(
@@ -247,13 +278,18 @@ pub fn dead_letters(items: &[DeadLetter]) -> String {
             let _ = writeln!(o, "    value truncated from {n} bytes: cannot be re-driven");
         }
         if let Some(r) = &d.redriven_from {
-            let _ = writeln!(o, "    re-driven before from {r}");
+            let _ = writeln!(o, "    re-driven from {r}, and dead-lettered again");
         }
         for (k, v) in &d.headers {
             let _ = writeln!(o, "    header {k} = {}", opt(v));
         }
     }
-    let _ = writeln!(o, "{} dead letter(s).", items.len());
+    let mut classes: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for d in items {
+        *classes.entry(d.class.as_str()).or_default() += 1;
+    }
+    let by: Vec<String> = classes.iter().map(|(c, n)| format!("{c} {n}")).collect();
+    let _ = writeln!(o, "{} dead letter(s): {}.", items.len(), by.join(", "));
     o
 }
 
@@ -293,29 +329,29 @@ pub fn redrive(r: &RedriveReport) -> String {
 pub fn replay(s: &ReplaySummary) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "Replayed into {}", s.state_dir);
-    let _ = writeln!(o, "  events      {} in {} ({:.0}/s)", s.events, age(s.duration_ms as i64), s.events_per_sec);
+    let _ = writeln!(o, "  events       {} in {} ({:.0}/s)", s.events, age(s.duration_ms as i64), s.events_per_sec);
     let by: Vec<String> = s.by_disposition.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let _ = writeln!(o, "  accounted   {}", by.join(", "));
-    let _ = writeln!(o, "  verdicts    {}", s.verdicts);
-    let _ = writeln!(o, "  anomalies   {}", s.anomalies);
+    let _ = writeln!(o, "  accounted    {}", by.join(", "));
+    let _ = writeln!(o, "  verdicts     {}", s.verdicts);
+    let _ = writeln!(o, "  anomalies    {}", s.anomalies);
     let _ = writeln!(o, "  dead letters {}", s.dead_letters);
     let _ = writeln!(
         o,
-        "  state       {} operations, {} entities, digest {}",
+        "  state        {} operations, {} entities, digest {}",
         s.digest.operations, s.digest.entities, s.digest.digest
     );
     match &s.output_topics {
         Some(t) => {
-            let _ = writeln!(o, "  outputs     {}, {}, {}, {}", t.verdicts, t.anomalies, t.dlq, t.commands);
+            let _ = writeln!(o, "  outputs      {}, {}, {}, {}", t.verdicts, t.anomalies, t.dlq, t.commands);
         }
         None => {
-            let _ = writeln!(o, "  outputs     discarded (no --output-prefix)");
+            let _ = writeln!(o, "  outputs      discarded (no --output-prefix)");
         }
     }
     if let Some(d) = &s.diff {
         let _ = writeln!(
             o,
-            "  diff        live {} / replayed {}: {} equal, {} differing, {} missing, {} extra",
+            "  diff         live {} / replayed {}: {} equal, {} differing, {} missing, {} extra",
             d.live, d.replayed, d.equal, d.differing, d.missing, d.extra
         );
         for (what, ids) in [("differing", &d.differing_ids), ("missing", &d.missing_ids), ("extra", &d.extra_ids)] {
@@ -345,5 +381,17 @@ mod tests {
         assert!(parse_duration("m").is_err());
         assert_eq!(age(7_500_000), "2h 5m");
         assert_eq!(age(90_000), "1m 30s");
+    }
+
+    /// What `explain` prints (`CONFIRM`) is accepted back, in any case.
+    #[test]
+    fn decision_and_outcome_names_parse_in_any_case() {
+        assert_eq!(parse_decision("CONFIRM"), Ok(Decision::Confirm));
+        assert_eq!(parse_decision("compensate"), Ok(Decision::Compensate));
+        assert_eq!(parse_outcome("duplicate_effect"), Ok(Outcome::DuplicateEffect));
+        assert_eq!(parse_outcome("DIVERGENT"), Ok(Outcome::Divergent));
+        let e = parse_outcome("bogus").unwrap_err();
+        assert!(e.contains("MISSING") && e.contains("DUPLICATE_EFFECT") && !e.contains("Missing"), "{e}");
+        assert!(parse_decision("approve").unwrap_err().contains("CONFIRM, REQUEUE, COMPENSATE, CLOSE"));
     }
 }

@@ -88,6 +88,7 @@ pub fn check(op: &OperationState, decision: Decision) -> Result<(), OperatorErro
         operation_id: op.operation_id.clone(),
         decision: decision.as_str(),
         refusal,
+        allowed: super::explain::allowed_decisions(op),
     })
 }
 
@@ -106,12 +107,18 @@ pub fn record(codec: &Codec, topic: &str, d: &PreparedDecision) -> Result<Outbox
 pub fn publish(publisher: &Publisher, codec: &Codec, topic: &str, d: &PreparedDecision) -> Result<(), OperatorError> {
     let rec = record(codec, topic, d)?;
     publisher.publish_all([(&rec, Some(d.partition))])?;
-    tracing::info!(
-        operation_id = %d.event.operation_id,
-        entity_id = %d.event.entity_id,
-        event_id = %d.event.event_id,
-        decision = ?d.event.body,
-        "Manual decision published"
-    );
+    // The note stays out of the log: it is free text, redacted only when
+    // the pipeline stores it.
+    if let Body::ManualDecision { actor, decision, .. } = &d.event.body {
+        tracing::info!(
+            operation_id = %d.event.operation_id,
+            entity_id = %d.event.entity_id,
+            event_id = %d.event.event_id,
+            decision = decision.as_str(),
+            actor = %actor,
+            partition = d.partition,
+            "Manual decision published"
+        );
+    }
     Ok(())
 }

@@ -167,6 +167,31 @@ fn review_lists_the_case_and_resolve_checks_with_the_cores_rule() {
     assert!(err.to_string().contains("in state CONFIRMED"), "{err}");
 }
 
+/// A refused operator learns what the case accepts instead.
+#[test]
+fn refusal_names_the_decisions_the_operation_accepts() {
+    let mut h = Harness::new("refusal");
+    let t = 10_000;
+    h.batch(vec![ev("e1", Some(1), t, requested()), ev("e2", None, t + 5, observed(6))]);
+    let req = |decision| ResolveRequest {
+        operation_id: "op-1".into(),
+        decision,
+        actor: "ana".into(),
+        note: "checked".into(),
+        evidence_checked: vec![],
+    };
+    let err = resolve::prepare(&h.store, &req(Decision::Compensate), t + 70).unwrap_err();
+    assert!(err.to_string().ends_with("it accepts CONFIRM, REQUEUE, CLOSE now"), "{err}");
+    let divergent = ReviewFilter { outcome: Some(crate::core::Outcome::Divergent), ..Default::default() };
+    assert_eq!(review(&h.store, &divergent, t + 70).unwrap().len(), 1);
+    let missing = ReviewFilter { outcome: Some(crate::core::Outcome::Missing), ..Default::default() };
+    assert!(review(&h.store, &missing, t + 70).unwrap().is_empty());
+    let d = resolve::prepare(&h.store, &req(Decision::Close), t + 70).unwrap();
+    h.batch(vec![d.event]);
+    let err = resolve::prepare(&h.store, &req(Decision::Close), t + 80).unwrap_err();
+    assert!(err.to_string().ends_with("it accepts no decision now (see `reconciler explain`)"), "{err}");
+}
+
 #[test]
 fn timeline_keeps_the_latest_entries_up_to_the_cap_and_the_digest_is_stable() {
     let mut h = Harness::new("cap");

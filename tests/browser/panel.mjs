@@ -40,6 +40,7 @@ try {
   result.timeline_rows = await page.locator("#d-timeline tr").count();
   result.reason = await page.locator("#d-reason").innerText();
   result.decisions = await page.locator("#r-decision option").allInnerTexts();
+  result.preselected_decision = await page.inputValue("#r-decision");
 
   await page.selectOption("#r-decision", decision);
   await page.fill("#r-actor", "browser-test");

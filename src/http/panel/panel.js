@@ -241,7 +241,10 @@ function renderOperation(op) {
 
   const allowed = op.allowed_decisions || [];
   const sel = $("r-decision");
-  sel.replaceChildren(...allowed.map((d) => el("option", { value: d }, d)));
+  // No decision is preselected: publishing one is a deliberate choice.
+  const recommended = op.last_verdict ? op.last_verdict.action : null;
+  sel.replaceChildren(el("option", { value: "" }, "choose…"),
+    ...allowed.map((d) => el("option", { value: d }, d === recommended ? `${d} (recommended)` : d)));
   const off = $("resolve-off");
   off.hidden = allowed.length !== 0;
   off.textContent = allowed.length ? "" : `No decision is possible in state ${op.state}: only operations in manual review can be resolved.`;
