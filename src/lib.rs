@@ -18,7 +18,12 @@
 //! - [`kafka`]: consumer-group member, acknowledged publisher, topic admin, reader.
 //! - [`pipeline`]: the run loop wiring them together, and the timer wheel.
 //! - [`config`], [`cli`]: configuration and command line.
+//! - [`restore`]: restoring a moved partition's state; the zombie fence.
+//! - [`faults`]: crash points for the reliability suites (off in release builds).
 //! - [`demo`], [`report`]: the demo workload and its summary.
+
+#[macro_use]
+pub mod faults;
 
 pub mod cli;
 pub mod codec;
@@ -28,4 +33,5 @@ pub mod demo;
 pub mod kafka;
 pub mod pipeline;
 pub mod report;
+pub mod restore;
 pub mod store;

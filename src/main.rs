@@ -77,6 +77,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Crash points armed by FAILPOINTS (test builds only; see src/faults.rs).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();
     // The demo's output is its summary; the pipeline's own lines would bury it.
     let default = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
