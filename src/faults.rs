@@ -1,15 +1,16 @@
 //! Crash points for the reliability suites (tests/reliability.rs).
 //!
-//! `crash_point!("name")` is a fail point of the `fail` crate whose `return`
+//! `point("name")` is a fail point of the `fail` crate whose `return`
 //! action aborts the process on the spot, like `kill -9`: no destructor runs,
-//! nothing is flushed beyond what the code already made durable. The child
-//! processes of the tests arm them through the `FAILPOINTS` environment
-//! variable, e.g. `FAILPOINTS=pipeline::after_store=3*off->return` crashes
-//! at the fourth batch written to the store.
+//! nothing is flushed beyond what the code already made durable
+//! (`return(stop)` stops the process instead: a zombie). The child processes
+//! of the tests arm them through the `FAILPOINTS` environment variable, e.g.
+//! `FAILPOINTS=pipeline::after_store=3*off->return` crashes at the fourth
+//! batch written to the store.
 //!
 //! Without the `failpoints` feature (any plain `cargo build`, so the
-//! release binary) the macro expands to nothing: zero cost, and no
-//! environment variable can make the binary crash.
+//! release binary) a crash point is an empty inline function: zero cost,
+//! and no environment variable can make the binary crash.
 
 /// Whether this build has its crash points (the `failpoints` feature).
 pub const ARMED: bool = cfg!(feature = "failpoints");
@@ -36,9 +37,23 @@ pub fn crash(point: &str) -> ! {
     std::process::abort()
 }
 
-/// A fail point that, when armed with `return`, crashes the process.
-macro_rules! crash_point {
-    ($name:literal) => {
-        fail::fail_point!($name, |_| $crate::faults::crash($name))
-    };
+/// Evaluates crash point `name`: armed with `return` it crashes the
+/// process; with `return(stop)` the process stops itself (SIGSTOP, every
+/// thread, as a zombie member would) and goes on where it was once resumed.
+#[cfg(feature = "failpoints")]
+pub fn point(name: &str) {
+    match fail::eval(name, |arg| arg) {
+        None => {}
+        Some(Some(arg)) if arg == "stop" => {
+            eprintln!("crash point {name} reached: stopping");
+            let pid = std::process::id().to_string();
+            let _ = std::process::Command::new("kill").args(["-STOP", &pid]).status();
+        }
+        Some(_) => crash(name),
+    }
 }
+
+/// Without the `failpoints` feature: nothing.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn point(_name: &str) {}

@@ -22,16 +22,22 @@
 //! - [`faults`]: crash points for the reliability suites (off in release builds).
 //! - [`demo`], [`report`]: the demo workload and its summary.
 
-#[macro_use]
 pub mod faults;
 
+#[cfg(feature = "io")]
 pub mod cli;
 pub mod codec;
+#[cfg(feature = "io")]
 pub mod config;
 pub mod core;
+#[cfg(feature = "io")]
 pub mod demo;
+#[cfg(feature = "io")]
 pub mod kafka;
+#[cfg(feature = "io")]
 pub mod pipeline;
+#[cfg(feature = "io")]
 pub mod report;
 pub mod restore;
+#[cfg(feature = "io")]
 pub mod store;

@@ -172,11 +172,16 @@ impl Pipeline {
         let timer_every = Duration::from_millis(self.cfg.time.timer_interval_ms);
         let mut last_timers = Instant::now();
         info!(topic = %self.cfg.topics.events, group = %self.cfg.consumer.group_id, "Pipeline running");
+        // When the loop last polled: the member was alive then (the zombie
+        // fence measures stalls from there).
+        let mut last_poll = Instant::now();
         while !shutdown.load(Ordering::SeqCst) {
+            let this_poll = Instant::now();
             let records = self.consumer.poll_batch(self.cfg.consumer.batch_size, wait)?;
             if !records.is_empty() {
-                self.process(records, shutdown)?;
+                self.process(records, last_poll, shutdown)?;
             }
+            last_poll = this_poll;
             if last_timers.elapsed() >= timer_every {
                 last_timers = Instant::now();
                 if let Err(e) = self.fire_timers() {
@@ -198,7 +203,7 @@ impl Pipeline {
         info!(records = pending.len(), "Re-publishing the outbox of the previous run");
         let (first, last) = (pending[0].0, pending[pending.len() - 1].0);
         self.publish_with_retry(pending.iter().map(|(_, r)| r).collect(), shutdown)?;
-        crash_point!("pipeline::after_republish");
+        crate::faults::point("pipeline::after_republish");
         self.store.ack_outbox(first..last + 1)?;
         Ok(())
     }
@@ -229,7 +234,7 @@ impl Pipeline {
     }
 
     /// Applies one batch and makes it durable and published.
-    fn process(&mut self, records: Vec<Record>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+    fn process(&mut self, records: Vec<Record>, alive_at: Instant, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let started = Instant::now();
         let (mut next, restore_until) = {
             let a = self.consumer.assignment.lock().expect("not poisoned");
@@ -250,12 +255,12 @@ impl Pipeline {
             next.insert(r.partition, r.offset + 1);
             touched.insert(r.partition, r.offset + 1);
             self.stats.records += 1;
-            crash_point!("pipeline::mid_batch");
+            crate::faults::point("pipeline::mid_batch");
             // Below the restore target: published by a previous owner already.
             let silent = crate::restore::silent(&restore_until, r.partition, r.offset);
             if silent {
                 self.stats.restored += 1;
-                crash_point!("pipeline::restoring");
+                crate::faults::point("pipeline::restoring");
             }
             let ev = match self.decode(r) {
                 Ok(ev) => ev,
@@ -322,7 +327,7 @@ impl Pipeline {
         }
         // Zombie fence: write nothing if the group may have moved these
         // partitions while this batch was being built.
-        if !self.fence.check(started, self.consumer.assignment_lost()) {
+        if !self.fence.check(alive_at, self.consumer.assignment_lost()) {
             warn!(partitions = ?touched.keys().collect::<Vec<_>>(), "Batch dropped: the assignment may be lost (stalled or expelled)");
             self.stats.fenced += 1;
             self.consumer.rewind(&stored.into_iter().filter(|(p, _)| touched.contains_key(p)).collect());
@@ -331,10 +336,10 @@ impl Pipeline {
         let to_publish = batch.outbox.clone();
         let applied = started.elapsed();
         let seqs = self.store.commit(batch)?;
-        crash_point!("pipeline::after_store");
+        crate::faults::point("pipeline::after_store");
         let stored = started.elapsed();
         self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
-        crash_point!("pipeline::after_publish");
+        crate::faults::point("pipeline::after_publish");
         let published = started.elapsed();
         self.store.ack_outbox(seqs)?;
         {
@@ -355,6 +360,7 @@ impl Pipeline {
             store_us = (stored - applied).as_micros() as u64,
             publish_us = (published - stored).as_micros() as u64,
             total_us = started.elapsed().as_micros() as u64,
+            next_offsets = ?touched,
             "Batch committed"
         );
         Ok(())
@@ -415,7 +421,7 @@ impl Pipeline {
         // To the operation's own partition, whatever the key would hash to:
         // the timer must be judged by the owner of the operation's state.
         self.publisher.publish_all(events.iter().map(|(r, p, _)| (r, Some(*p))))?;
-        crash_point!("pipeline::timer_fired");
+        crate::faults::point("pipeline::timer_fired");
         // Only once acknowledged: a failed firing is retried next tick.
         self.fired.extend(events.iter().map(|(_, _, k)| k.clone()));
         self.stats.timers_fired += events.len() as u64;

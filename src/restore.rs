@@ -44,9 +44,12 @@
 //! another member; when it resumes it may hold a batch built before the
 //! stall. Before a batch is written, [`Fence::check`] drops it when
 //! librdkafka reports the assignment lost, or when more than the session
-//! timeout passed since the batch was polled (the member cannot know whether
-//! it is still a member without a heartbeat; a batch is never that slow to
-//! apply otherwise). A dropped batch writes nothing, and its partitions are
+//! timeout passed since the run loop's *previous* poll (so a stop before or
+//! during this poll is caught too: after a resume the fetcher may hand out
+//! records before the heartbeat learns of the expulsion). The member cannot
+//! know whether it is still a member without a heartbeat, and a loop
+//! iteration is never that slow otherwise; a false alarm only re-consumes
+//! the batch. A dropped batch writes nothing, and its partitions are
 //! rewound to their stored offsets, so it is consumed again if the
 //! partitions are still ours. What remains: a member that stops *after* the
 //! check and before its publish completes writes that one batch's state and
@@ -98,11 +101,11 @@ impl Fence {
         Fence { session_timeout: Duration::from_millis(ms) }
     }
 
-    /// Whether a batch polled at `polled_at` may still be written: the
-    /// assignment is not reported lost and the member did not stall for a
-    /// session timeout since.
-    pub fn check(&self, polled_at: Instant, assignment_lost: bool) -> bool {
-        !assignment_lost && polled_at.elapsed() < self.session_timeout
+    /// Whether a batch may still be written, the member having been seen
+    /// alive (polling) at `alive_at`: the assignment is not reported lost
+    /// and the member did not stall for a session timeout since.
+    pub fn check(&self, alive_at: Instant, assignment_lost: bool) -> bool {
+        !assignment_lost && alive_at.elapsed() < self.session_timeout
     }
 }
 

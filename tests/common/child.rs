@@ -93,7 +93,9 @@ impl Instance {
         if let Some(d) = state_dir {
             cmd.env(CHILD_STATE_DIR, d);
         }
-        cmd.env("RECONCILER_LOG", "warn").env_remove("FAILPOINTS");
+        // Batches and partition moves are logged: the zombie test reads them.
+        cmd.env("RECONCILER_LOG", "warn,reconciler::pipeline=debug,reconciler::kafka::consumer=info")
+            .env_remove("FAILPOINTS");
         if let Some(f) = failpoints {
             cmd.env("FAILPOINTS", f);
         }
