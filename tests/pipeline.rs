@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{config, Running};
+use common::{check, config, Running};
 use reconciler::codec::Codec;
 use reconciler::core::event::{Body, Event, Requested};
 use reconciler::core::{Output, Verdict};
@@ -98,7 +98,7 @@ fn events_in_give_the_predicted_verdicts_and_anomalies() {
 }
 
 #[test]
-fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on() {
+fn eleven_kinds_of_poison_are_dead_lettered_once_byte_identical_the_stream_flows_on_and_a_replay_agrees() {
     let _serial = common::serial();
     let cfg = config("dlq");
     let codec = Codec::new();
@@ -176,9 +176,14 @@ fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on(
             ),
             "malformed",
         ),
+        // Headers with garbage: binary values, an empty name, a repeated
+        // name, a null and a large value; all kept byte-identical, in order.
+        (rec(b"cust-1", Some(vec![0x00, 0x13, 0x37]), garbage_headers()), "bad_magic"),
     ];
+    // Headers are not part of the contract: a valid event with garbage
+    // headers is applied like any other.
     let good = [
-        rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), vec![]),
+        rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), garbage_headers()),
         rec(b"cust-1", Some(codec.encode_event(&cancelled).unwrap()), vec![]),
     ];
     let publisher = Publisher::new(&cfg.kafka, 2 * cfg.consumer.max_record_bytes).unwrap();
@@ -220,6 +225,60 @@ fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on(
     let v = verdicts_of(&reader.of(&topics.verdicts).collect::<Vec<_>>());
     assert_eq!(v.len(), 1);
     assert_eq!(v.values().next().unwrap().outcome.as_str(), "NOT_APPLICABLE");
+
+    // I1-I3 of the live run against the reference over the input log.
+    let input = check::read_all(&cfg, &[&topics.events]);
+    let live = check::check(&cfg, &input, &check::read_all(&cfg, &check::output_topics(&cfg)), &[&cfg.state_dir]);
+
+    // A replay into empty state (new group, new output topics) gives the
+    // same dead letters, byte for byte, provenance included.
+    let replay = replay_config(&cfg);
+    let running = Running::start(&replay, system_clock());
+    let mut again = TopicReader::new(&replay.kafka, &[&replay.topics.dlq, &replay.topics.verdicts], 3).unwrap();
+    let rt = replay.topics.clone();
+    let ok = again.read_until(Duration::from_secs(30), |recs| {
+        recs.iter().filter(|r| r.topic == rt.dlq).count() >= poison.len() && recs.iter().any(|r| r.topic == rt.verdicts)
+    });
+    running.stop();
+    assert!(ok, "the replay did not dead-letter everything");
+    let dead = |recs: Vec<&Record>| -> Vec<_> {
+        recs.into_iter().map(|r| (r.key.clone(), r.value.clone(), r.headers.clone())).collect()
+    };
+    assert_eq!(dead(again.of(&rt.dlq).collect()), dead(dlq), "the replay's dead letters differ");
+    let replayed =
+        check::check(&replay, &input, &check::read_all(&replay, &check::output_topics(&replay)), &[&replay.state_dir]);
+    println!(
+        "poison suite: kinds {}, inputs {}, dead letters {} (replayed identical), losses {}, non-identical duplicates {}",
+        poison.len(),
+        live.inputs,
+        poison.len(),
+        live.losses + replayed.losses,
+        live.divergent + replayed.divergent
+    );
+}
+
+/// Headers no decoder should choke on.
+fn garbage_headers() -> Vec<(String, Option<Vec<u8>>)> {
+    vec![
+        ("bin".into(), Some(vec![0xff, 0x00, 0xfe, 0x80])),
+        ("".into(), Some(b"empty name".to_vec())),
+        ("dup".into(), Some(b"first".to_vec())),
+        ("dup".into(), Some(b"second".to_vec())),
+        ("null".into(), None),
+        ("big".into(), Some(vec![0xa5; 10_000])),
+    ]
+}
+
+/// The same input topic, read by a fresh instance: new state, new group,
+/// new output topics.
+fn replay_config(cfg: &reconciler::config::Config) -> reconciler::config::Config {
+    let mut replay = cfg.clone();
+    let id = common::unique("replayed");
+    replay.topics =
+        reconciler::config::Topics { events: cfg.topics.events.clone(), ..reconciler::config::Topics::named(&id, 3) };
+    replay.consumer.group_id = format!("{id}.group");
+    replay.state_dir = common::temp_dir("replay-state");
+    replay
 }
 
 #[test]
@@ -345,49 +404,74 @@ fn streams(reader: &TopicReader, topic: &str) -> BTreeMap<i32, Vec<Vec<u8>>> {
     out
 }
 
+/// Runs an instance with `clock` over `cfg`'s input until `want` verdicts
+/// and anomalies arrived, then a little longer (nothing more may come).
+/// With `records`, publishes them first: the whole input is in the log
+/// before any timer can fire.
+fn run_with_clock(
+    cfg: &reconciler::config::Config,
+    records: Option<&[DemoRecord]>,
+    clock: reconciler::pipeline::Clock,
+    want: (usize, usize),
+) -> TopicReader {
+    if let Some(r) = records {
+        reconciler::kafka::admin::ensure_topics(&cfg.kafka, &cfg.topics.all(), 3, 1).unwrap();
+        demo::publish(cfg, r).unwrap();
+    }
+    let running = Running::start(cfg, clock);
+    let t = cfg.topics.clone();
+    let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies], 3).unwrap();
+    let ok = reader.read_until(Duration::from_secs(60), |recs| {
+        recs.iter().filter(|r| r.topic == t.verdicts).count() >= want.0
+            && recs.iter().filter(|r| r.topic == t.anomalies).count() >= want.1
+    });
+    reader.read_until(Duration::from_secs(2), |_| false);
+    running.stop();
+    assert!(ok, "the run over {} did not settle", t.events);
+    reader
+}
+
+/// The clock suite. The same input, processed live under two wall clocks an
+/// hour apart, gives the same verdicts (the core's prediction); replaying
+/// each run's log into empty state under a clock a day later, or a day
+/// earlier, gives byte-identical verdict and anomaly streams, timeouts
+/// included: every timer firing is in the log.
 #[test]
-fn replay_into_empty_state_gives_byte_identical_streams_timeouts_included() {
+fn verdicts_do_not_depend_on_the_wall_clock_and_replays_are_byte_identical() {
     let _serial = common::serial();
-    let mut cfg = config("replay");
+    let mut cfg = config("clock");
     demo::configure(&mut cfg);
     let start = now();
     let records = demo::workload(start, 1);
     let (outputs, _) = demo::predict(&cfg, &records, start + 3_600_000);
-    let n_verdicts = outputs.iter().filter(|o| matches!(o, Output::Verdict(_))).count();
-    let n_anomalies = outputs.iter().filter(|o| matches!(o, Output::Anomaly(_))).count();
-    let running = Running::start(&cfg, system_clock());
-    demo::publish(&cfg, &records).unwrap();
-    let t = cfg.topics.clone();
-    let mut live = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies], 3).unwrap();
-    let ok = live.read_until(Duration::from_secs(60), |recs| {
-        recs.iter().filter(|r| r.topic == t.verdicts).count() >= n_verdicts
-            && recs.iter().filter(|r| r.topic == t.anomalies).count() >= n_anomalies
-    });
-    running.stop();
-    assert!(ok, "the live run did not settle");
-
-    // A fresh instance: new state, new group, new output topics, and a wall
-    // clock a day later. Every timeout must come from the log, not the clock.
-    let mut replay = cfg.clone();
-    let id = common::unique("replayed");
-    replay.topics =
-        reconciler::config::Topics { events: cfg.topics.events.clone(), ..reconciler::config::Topics::named(&id, 3) };
-    replay.consumer.group_id = format!("{id}.group");
-    replay.state_dir = common::temp_dir("replay-state");
-    let later = Arc::new(move || now() + 86_400_000);
-    let running = Running::start(&replay, later);
-    let mut again = TopicReader::new(&replay.kafka, &[&replay.topics.verdicts, &replay.topics.anomalies], 3).unwrap();
-    let rt = replay.topics.clone();
-    let ok = again.read_until(Duration::from_secs(60), |recs| {
-        recs.iter().filter(|r| r.topic == rt.verdicts).count() >= n_verdicts
-            && recs.iter().filter(|r| r.topic == rt.anomalies).count() >= n_anomalies
-    });
-    // Nothing more may come: give a late extra output a chance to show.
-    again.read_until(Duration::from_secs(2), |_| false);
-    running.stop();
-    assert!(ok, "the replay did not settle");
-    assert_eq!(streams(&live, &t.verdicts), streams(&again, &rt.verdicts), "verdict streams differ");
-    assert_eq!(streams(&live, &t.anomalies), streams(&again, &rt.anomalies), "anomaly streams differ");
+    let want = (
+        outputs.iter().filter(|o| matches!(o, Output::Verdict(_))).count(),
+        outputs.iter().filter(|o| matches!(o, Output::Anomaly(_))).count(),
+    );
+    let predicted: BTreeSet<_> =
+        outputs.iter().filter_map(|o| if let Output::Verdict(v) = o { Some(comparable(v)) } else { None }).collect();
+    let mut skewed = config("clock-skewed");
+    demo::configure(&mut skewed);
+    let runs = [
+        (cfg, system_clock(), Arc::new(move || now() + 86_400_000) as reconciler::pipeline::Clock),
+        (skewed, Arc::new(move || now() + 3_600_000) as _, Arc::new(move || now() - 86_400_000) as _),
+    ];
+    for (cfg, live_clock, replay_clock) in runs {
+        let live = run_with_clock(&cfg, Some(&records), live_clock, want);
+        let t = &cfg.topics;
+        let got: BTreeSet<_> =
+            verdicts_of(&live.of(&t.verdicts).collect::<Vec<_>>()).values().map(comparable).collect();
+        assert_eq!(got, predicted, "verdicts under another wall clock");
+        let replay = replay_config(&cfg);
+        let again = run_with_clock(&replay, None, replay_clock, want);
+        let rt = &replay.topics;
+        assert_eq!(streams(&live, &t.verdicts), streams(&again, &rt.verdicts), "verdict streams differ");
+        assert_eq!(streams(&live, &t.anomalies), streams(&again, &rt.anomalies), "anomaly streams differ");
+    }
+    println!(
+        "clock suite: 2 wall clocks 1 h apart, 2 replays (a day later, a day earlier), {} verdicts each, identical",
+        want.0
+    );
 }
 
 #[test]
