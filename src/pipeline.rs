@@ -137,7 +137,14 @@ impl Pipeline {
     /// Partitions still restoring their state after a rebalance: the
     /// instance is not ready while this is not empty.
     pub fn restoring(&self) -> Vec<i32> {
-        crate::restore::restoring(&self.consumer.assignment.lock().expect("not poisoned").restore_until)
+        (self.restoring_probe())()
+    }
+
+    /// The same, callable from another thread (a readiness endpoint) while
+    /// `run` owns the pipeline.
+    pub fn restoring_probe(&self) -> impl Fn() -> Vec<i32> + Send + Sync + 'static {
+        let assignment = self.consumer.assignment.clone();
+        move || crate::restore::restoring(&assignment.lock().expect("not poisoned").restore_until)
     }
 
     /// Opens the store, creates missing topics, joins the group.
