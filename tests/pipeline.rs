@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::process::{Command, Stdio};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::child::Instance;
 use common::{check, config, Running};
 use reconciler::codec::Codec;
 use reconciler::core::event::{Body, Event, Requested};
@@ -475,91 +475,57 @@ fn verdicts_do_not_depend_on_the_wall_clock_and_replays_are_byte_identical() {
 }
 
 #[test]
+#[ignore = "the child process of the crash test (tests/common/child.rs)"]
+fn child_instance() {
+    common::child::child_main();
+}
+
+#[test]
 fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     let _serial = common::serial();
     let mut cfg = config("crash");
     demo::configure(&mut cfg);
     cfg.consumer.batch_size = 97;
+    cfg.time.reorder_window_ms = 2_000;
+    // The killed member stays in the group until its session times out.
+    cfg.kafka.insert("session.timeout.ms".into(), "6000".into());
+    cfg.kafka.insert("heartbeat.interval.ms".into(), "1000".into());
     let start = now();
     let records = demo::workload(start, 150);
     let (outputs, engine) = demo::predict(&cfg, &records, start + 3_600_000);
-    let predicted: BTreeSet<String> = outputs
-        .iter()
-        .filter_map(|o| if let Output::Verdict(v) = o { Some(v.verdict_id.clone()) } else { None })
-        .collect();
+    let predicted = outputs.iter().filter(|o| matches!(o, Output::Verdict(_))).count();
 
     let dir = common::temp_dir("crash-config");
-    let config_file = dir.join("reconciler.toml");
-    let mut toml = format!(
-        "state_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\npartitions = 3\n[consumer]\ngroup_id = {:?}\nbatch_size = 97\nbatch_wait_ms = 20\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n",
-        cfg.state_dir, cfg.topics.events, cfg.topics.verdicts, cfg.topics.anomalies, cfg.topics.dlq, cfg.topics.commands, cfg.consumer.group_id, common::brokers()
-    );
-    for (ty, ms) in demo::demo_types() {
-        toml.push_str(&format!("[types.{ty}]\nconfirm_within_ms = {ms}\n"));
-    }
-    std::fs::write(&config_file, toml).unwrap();
-    let log_file = dir.join("reconciler.log");
-    let spawn = || {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_file).unwrap();
-        Command::new(env!("CARGO_BIN_EXE_reconciler"))
-            .args(["--config", config_file.to_str().unwrap(), "run"])
-            .env("RECONCILER_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap()
-    };
-    let log_tail =
-        || std::fs::read_to_string(&log_file).unwrap_or_default().lines().rev().take(20).collect::<Vec<_>>().join("\n");
+    let config_file = common::child::write_config(&cfg, &dir);
+    let log = dir.join("reconciler.log");
     let t = cfg.topics.clone();
     reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), 3, 1).unwrap();
     demo::publish(&cfg, &records).unwrap();
     let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts], 3).unwrap();
     let mut kills = 0;
     for round in 0..3 {
-        let mut child = spawn();
+        let child = Instance::spawn(&config_file, None, None, &log);
         // Let it get some way in, then kill -9 in the middle of the stream.
-        // (The killed member stays in the group until its session times
-        // out: 6 s here, so the next one is assigned quickly.)
-        let target = predicted.len() * (round + 1) / 5;
+        let target = predicted * (round + 1) / 5;
         let got_there = reader.read_until(Duration::from_secs(60), |recs| recs.len() >= target);
-        assert!(got_there, "round {round}: no progress; log (last lines first):\n{}", log_tail());
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        assert!(got_there, "round {round}: no progress; log (last lines first):\n{}", child.log_tail());
+        child.kill9();
         kills += 1;
     }
-    let mut child = spawn();
-    let began = Instant::now();
-    let ok = reader.read_until(Duration::from_secs(90), |recs| {
-        recs.iter().filter_map(|r| r.value.as_deref()).collect::<BTreeSet<_>>().len() >= predicted.len()
-    });
-    // Stop it cleanly (SIGTERM) so the store can be opened.
-    unsafe_sigterm(child.id());
-    let status = child.wait().unwrap();
-    assert!(ok, "not all verdicts after {kills} kills ({:?}); log:\n{}", began.elapsed(), log_tail());
-    assert!(status.success(), "SIGTERM exits 0, got {status:?}");
+    let child = Instance::spawn(&config_file, None, None, &log);
+    let settled = check::wait_settled(&cfg, predicted, Duration::from_secs(90));
+    let tail = child.log_tail();
+    child.stop();
+    assert!(settled, "I4: not all verdicts, or lag above zero, after {kills} kills; log:\n{tail}");
 
-    // I2: duplicates only as byte-identical copies with the same id.
-    let codec = Codec::new();
-    let mut by_id: HashMap<String, Vec<u8>> = HashMap::new();
-    let mut duplicates = 0;
-    for r in reader.of(&t.verdicts) {
-        let bytes = r.value.clone().unwrap();
-        let v = codec.decode_verdict(&bytes).unwrap();
-        if let Some(prev) = by_id.insert(v.verdict_id.clone(), bytes.clone()) {
-            duplicates += 1;
-            assert_eq!(prev, bytes, "verdict {} re-published with different bytes", v.verdict_id);
-        }
-    }
-    let got: BTreeSet<String> = by_id.keys().cloned().collect();
-    assert_eq!(got, predicted, "verdict ids after {kills} kills");
-    println!(
-        "crash test: {} records, {kills} kill -9, {} verdicts, {duplicates} byte-identical re-publications, 0 lost",
-        records.len(),
-        predicted.len()
-    );
+    // I1-I3 against the reference over the input log.
+    let input = check::read_all(&cfg, &[&t.events]);
+    let mut f = check::check(&cfg, &input, &check::read_all(&cfg, &check::output_topics(&cfg)), &[&cfg.state_dir]);
+    f.iterations = 1;
+    f.crashes = kills;
+    f.print("crash test (kill -9 x3)");
 
-    // I1/I3: the state equals the uninterrupted in-memory reference.
+    // And the state equals the core's own prediction for the workload.
     let store = Store::open(&cfg.state_dir, &cfg.topics.events, false).unwrap();
     let mut ops = BTreeMap::new();
     for p in 0..3 {
@@ -569,13 +535,6 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     }
     assert_eq!(ops.len(), engine.ops.len());
     for (id, want) in &engine.ops {
-        let got = &ops[id];
-        assert_eq!(got.events_applied, want.events_applied, "{id}: events applied");
-        assert_eq!(got, want, "{id}: state differs from the uninterrupted reference");
+        assert_eq!(&ops[id], want, "{id}: state differs from the uninterrupted reference");
     }
-}
-
-fn unsafe_sigterm(pid: u32) {
-    // `kill -TERM`, without a libc dependency in the tests.
-    Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
 }
