@@ -222,11 +222,19 @@ pub fn digest(ops: &BTreeMap<String, OperationState>) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&postcard::to_allocvec(&ops.values().collect::<Vec<_>>()).unwrap())
 }
 
-/// High watermarks of every partition of `topic`.
+/// High watermarks of every partition of `topic`. Retried for a minute:
+/// right after a broker restart a fresh client may find it not yet serving.
 pub fn end_offsets(cfg: &Config, topic: &str) -> BTreeMap<i32, i64> {
     let c: BaseConsumer = client_config(&[], &cfg.kafka, &[("group.id", "reliability-watermarks")]).create().unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
     (0..cfg.topics.partitions)
-        .map(|p| (p, c.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks").1))
+        .map(|p| loop {
+            match c.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+                Ok((_, high)) => break (p, high),
+                Err(e) if Instant::now() >= until => panic!("watermarks of {topic}/{p}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(200)), // retry interval
+            }
+        })
         .collect()
 }
 
