@@ -17,6 +17,9 @@
 //! - [`store`]: RocksDB state, timer index, offsets and outbox, written atomically.
 //! - [`kafka`]: consumer-group member, acknowledged publisher, topic admin, reader.
 //! - [`pipeline`]: the run loop wiring them together, and the timer wheel.
+//! - [`operator`]: explain, review, resolve, replay, DLQ re-drive (the operator's tools).
+//! - [`metrics`]: Prometheus metrics; [`http`]: metrics, health, operator API
+//!   and the exception panel over HTTP.
 //! - [`config`], [`cli`]: configuration and command line.
 //! - [`restore`]: restoring a moved partition's state; the zombie fence.
 //! - [`faults`]: crash points for the reliability suites (off in release builds).
@@ -33,7 +36,13 @@ pub mod core;
 #[cfg(feature = "io")]
 pub mod demo;
 #[cfg(feature = "io")]
+pub mod http;
+#[cfg(feature = "io")]
 pub mod kafka;
+#[cfg(feature = "io")]
+pub mod metrics;
+#[cfg(feature = "io")]
+pub mod operator;
 #[cfg(feature = "io")]
 pub mod pipeline;
 #[cfg(feature = "io")]

@@ -17,10 +17,11 @@
 //! already been published by some owner. The new owner therefore applies the
 //! records from its local offset up to the committed offset to its state
 //! **without publishing** (outputs and dead letters dropped), then processes
-//! normally from there. While a partition restores, [`restoring`] names it
-//! (a readiness signal: the instance is not ready until it is empty), and
-//! timers of a partition do not fire before it has caught up (the pipeline's
-//! catch-up rule), so a restore never publishes a `DeadlineReached` twice.
+//! normally from there. The restore target is below the high watermark at
+//! assignment, so a restoring partition counts as not caught up: `/readyz`
+//! says not ready until it is done, and its timers do not fire (the
+//! pipeline's catch-up rule), so a restore never publishes a
+//! `DeadlineReached` twice.
 //!
 //! Guarantee: after a partition moves, the new owner's state at offset `n`
 //! equals the state an uninterrupted single instance would have at `n`

@@ -33,6 +33,9 @@ pub struct Assignment {
     /// Partitions restoring their state: records below the offset are
     /// applied without publishing (see [`crate::restore`]).
     pub restore_until: BTreeMap<i32, i64>,
+    /// The group has handed this member an assignment (possibly empty) at
+    /// least once: before that it cannot be ready.
+    pub received: bool,
 }
 
 /// Seeks assigned partitions to the offsets in the store.
@@ -49,6 +52,7 @@ impl ConsumerContext for GroupContext {
         let mut a = self.assignment.lock().expect("not poisoned");
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                a.received = true;
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 let committed = self.committed(consumer, &partitions);
                 for p in partitions {
