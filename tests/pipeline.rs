@@ -513,7 +513,7 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
         kills += 1;
     }
     let child = Instance::spawn(&config_file, None, None, &log);
-    let settled = check::wait_settled(&cfg, predicted, Duration::from_secs(90));
+    let settled = check::wait_settled(&cfg, predicted, Duration::from_secs(90), || child.ready());
     let tail = child.log_tail();
     child.stop();
     assert!(settled, "I4: not all verdicts, or lag above zero, after {kills} kills; log:\n{tail}");

@@ -162,7 +162,9 @@ impl Run {
 
     /// I4 with the instance running, then stops it and checks I1–I3.
     fn settle_and_check(&self, running: Vec<Instance>, state_dirs: &[&Path]) -> Figures {
-        let settled = check::wait_settled(&self.cfg, self.verdicts, Duration::from_secs(120));
+        let settled = check::wait_settled(&self.cfg, self.verdicts, Duration::from_secs(120), || {
+            running.iter().all(Instance::ready)
+        });
         let tails: Vec<String> = running.iter().map(Instance::log_tail).collect();
         for i in running {
             i.stop();

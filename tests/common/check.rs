@@ -260,10 +260,11 @@ pub fn output_topics(cfg: &Config) -> [&str; 4] {
 }
 
 /// I4: waits until the group's committed offsets reach the end of every
-/// input partition, `verdicts` distinct verdicts arrived, and both stay so
+/// input partition, `verdicts` distinct verdicts arrived, the running
+/// instances report themselves ready (`ready`), and this stays so
 /// for a quiet second (a late timer event would move the end). Returns
 /// whether that happened within `timeout`.
-pub fn wait_settled(cfg: &Config, verdicts: usize, timeout: Duration) -> bool {
+pub fn wait_settled(cfg: &Config, verdicts: usize, timeout: Duration, ready: impl Fn() -> bool) -> bool {
     let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts], cfg.topics.partitions).unwrap();
     let until = Instant::now() + timeout;
     let mut quiet_since: Option<(Instant, BTreeMap<i32, i64>)> = None;
@@ -272,7 +273,9 @@ pub fn wait_settled(cfg: &Config, verdicts: usize, timeout: Duration) -> bool {
         let distinct: std::collections::HashSet<&[u8]> =
             reader.records.iter().filter_map(|r| r.value.as_deref()).collect();
         let end = end_offsets(cfg, &cfg.topics.events);
-        let done = distinct.len() >= verdicts && {
+        // The committed offsets may be a previous incarnation's: the
+        // running instances must also report every partition restored.
+        let done = distinct.len() >= verdicts && ready() && {
             let c = committed(cfg);
             end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
         };

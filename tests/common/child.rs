@@ -51,6 +51,7 @@ pub fn write_config(cfg: &Config, dir: &Path) -> PathBuf {
 
 const CHILD_CONFIG: &str = "RELIABILITY_CHILD_CONFIG";
 const CHILD_STATE_DIR: &str = "RELIABILITY_CHILD_STATE_DIR";
+const CHILD_READY_FILE: &str = "RELIABILITY_CHILD_READY_FILE";
 
 /// The body of the `child_instance` test every suite file declares
 /// (ignored, so it runs only when re-executed by [`Instance::spawn`]):
@@ -71,6 +72,15 @@ pub fn child_main() {
     signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone()).unwrap();
     let mut p =
         reconciler::pipeline::Pipeline::new(cfg, reconciler::pipeline::system_clock()).expect("pipeline starts");
+    // Readiness (every owned partition restored and caught up) to a file
+    // the test polls, as /readyz would answer it.
+    if let Some(file) = std::env::var_os(CHILD_READY_FILE) {
+        let metrics = p.metrics();
+        std::thread::spawn(move || loop {
+            let _ = std::fs::write(&file, if metrics.readiness().ready { "ready" } else { "not ready" });
+            std::thread::sleep(std::time::Duration::from_millis(100)); // a sampling period
+        });
+    }
     p.run(&shutdown).expect("pipeline runs");
     eprintln!("child stats: {:?}", p.stats);
 }
@@ -79,6 +89,7 @@ pub fn child_main() {
 pub struct Instance {
     pub child: Child,
     pub log: PathBuf,
+    ready_file: PathBuf,
 }
 
 impl Instance {
@@ -89,7 +100,8 @@ impl Instance {
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args(["--exact", "child_instance", "--ignored", "--nocapture", "--test-threads=1"]);
-        cmd.env(CHILD_CONFIG, config).env_remove(CHILD_STATE_DIR);
+        let ready_file = log.with_extension(format!("{}.ready", unique_suffix()));
+        cmd.env(CHILD_CONFIG, config).env(CHILD_READY_FILE, &ready_file).env_remove(CHILD_STATE_DIR);
         if let Some(d) = state_dir {
             cmd.env(CHILD_STATE_DIR, d);
         }
@@ -100,7 +112,13 @@ impl Instance {
             cmd.env("FAILPOINTS", f);
         }
         let child = cmd.stdout(Stdio::null()).stderr(out).spawn().unwrap();
-        Instance { child, log: log.to_owned() }
+        Instance { child, log: log.to_owned(), ready_file }
+    }
+
+    /// Whether the instance reports itself ready: assigned, every owned
+    /// partition restored and caught up (what `/readyz` answers).
+    pub fn ready(&self) -> bool {
+        std::fs::read_to_string(&self.ready_file).is_ok_and(|s| s == "ready")
     }
 
     pub fn pid(&self) -> u32 {
@@ -147,6 +165,12 @@ impl Drop for Instance {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A suffix no other instance of this test run uses.
+fn unique_suffix() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::SeqCst).to_string()
 }
 
 /// Sends a signal by name (`kill -NAME pid`), without a libc dependency.
