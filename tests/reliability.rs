@@ -214,7 +214,9 @@ fn crash_iteration(seed: u64) -> Figures {
     match scenario {
         0 => crash_with(format!("{}={}*off->return", CRASH_POINTS[0], rng.below(run.records as u64 / 2)), &mut crashes),
         1 | 2 => crash_with(format!("{}={}*off->return", CRASH_POINTS[scenario], rng.below(4)), &mut crashes),
-        3 => crash_with(format!("{}={}*off->return", CRASH_POINTS[3], rng.below(2)), &mut crashes),
+        // The first firing: how many firings follow depends on timing (all
+        // due timers go out together), so a later one may never come.
+        3 => crash_with(format!("{}=return", CRASH_POINTS[3]), &mut crashes),
         4 => {
             // Leave an outbox behind, then crash while re-publishing it.
             crash_with(format!("{}={}*off->return", CRASH_POINTS[1], rng.below(3)), &mut crashes);
