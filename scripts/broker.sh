@@ -6,6 +6,8 @@
 #   scripts/broker.sh install            install tansu 0.6.0 from crates.io if missing
 #   scripts/broker.sh start [sqlite|memory]   start on 127.0.0.1:$BROKER_PORT in a fresh directory
 #   scripts/broker.sh stop               stop the broker started by `start`
+#   scripts/broker.sh kill               kill -9 it, keeping its data (reliability tests)
+#   scripts/broker.sh restart            start it again on the data of the last `start`
 #
 # sqlite (default) survives broker restarts; memory is ~10x faster but is
 # only right for throughput runs from offset 0.
@@ -16,6 +18,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 RUN_DIR=${RECONCILER_RUN_DIR:-$ROOT/.run}
 PORT=${BROKER_PORT:-9092}
 PID_FILE=$RUN_DIR/broker-$PORT.pid
+DIR_FILE=$RUN_DIR/broker-$PORT.dir
 export PATH="$HOME/.cargo/bin:$PATH"
 
 have_tansu() {
@@ -56,6 +59,13 @@ start() {
   local dir
   dir="$RUN_DIR/broker-$PORT-$(date +%s%N)"
   mkdir -p "$dir"
+  launch "$engine" "$dir"
+}
+
+# Runs tansu with `engine` in `dir` (fresh or kept from a killed broker).
+launch() {
+  local engine=$1 dir=$2
+  echo "$engine $dir" > "$DIR_FILE"
   local url
   case "$engine" in
     sqlite) url="sqlite://tansu.db" ;;
@@ -71,6 +81,25 @@ start() {
   echo $! > "$PID_FILE"
   wait_port "$dir"
   echo "tansu ($engine) listening on 127.0.0.1:$PORT, pid $(cat "$PID_FILE"), data in $dir"
+}
+
+kill9() {
+  if [ -f "$PID_FILE" ]; then
+    local pid
+    pid=$(cat "$PID_FILE")
+    kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$PID_FILE"
+    echo "broker killed (data kept)"
+  fi
+}
+
+restart() {
+  [ -f "$DIR_FILE" ] || { echo "no broker was started on port $PORT" >&2; exit 1; }
+  local engine dir
+  read -r engine dir < "$DIR_FILE"
+  kill9 >/dev/null
+  launch "$engine" "$dir"
 }
 
 stop() {
@@ -91,5 +120,7 @@ case "${1:-}" in
   install) install ;;
   start) start "${2:-sqlite}" ;;
   stop) stop ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  kill) kill9 ;;
+  restart) restart ;;
+  *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

@@ -21,17 +21,32 @@
 //! - [`metrics`]: Prometheus metrics; [`http`]: metrics, health, operator API
 //!   and the exception panel over HTTP.
 //! - [`config`], [`cli`]: configuration and command line.
+//! - [`restore`]: restoring a moved partition's state; the zombie fence.
+//! - [`faults`]: crash points for the reliability suites (off in release builds).
 //! - [`demo`], [`report`]: the demo workload and its summary.
 
+pub mod faults;
+
+#[cfg(feature = "io")]
 pub mod cli;
 pub mod codec;
+#[cfg(feature = "io")]
 pub mod config;
 pub mod core;
+#[cfg(feature = "io")]
 pub mod demo;
+#[cfg(feature = "io")]
 pub mod http;
+#[cfg(feature = "io")]
 pub mod kafka;
+#[cfg(feature = "io")]
 pub mod metrics;
+#[cfg(feature = "io")]
 pub mod operator;
+#[cfg(feature = "io")]
 pub mod pipeline;
+#[cfg(feature = "io")]
 pub mod report;
+pub mod restore;
+#[cfg(feature = "io")]
 pub mod store;

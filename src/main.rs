@@ -148,6 +148,9 @@ fn causes(e: &anyhow::Error) -> String {
 }
 
 fn main() -> ExitCode {
+    // Crash points armed by FAILPOINTS (test builds only; see src/faults.rs).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();
     // The demo's output is its summary; the pipeline's own lines would bury it.
     // Operator tools print their result on stdout; their logs would clutter it.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use crate::codec::{validate_key, Codec, DecodeError, EncodeError};
-use crate::config::Config;
+use crate::config::{Config, Topics};
 use crate::core::{self, Disposition, EntityState, Event, OperationState, Output, Policy, SourcePos};
 use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::producer::Publisher;
@@ -50,6 +50,10 @@ pub struct Stats {
     pub commands: u64,
     pub timers_fired: u64,
     pub batches: u64,
+    /// Records applied without publishing while restoring a partition.
+    pub restored: u64,
+    /// Batches dropped by the zombie fence (see [`crate::restore`]).
+    pub fenced: u64,
 }
 
 /// Everything `run` needs, built from the config.
@@ -61,6 +65,7 @@ pub struct Pipeline {
     consumer: GroupConsumer,
     publisher: Publisher,
     clock: Clock,
+    fence: crate::restore::Fence,
     /// Timers published but not yet consumed back: (operation, due time).
     fired: HashSet<(String, i64)>,
     /// Per owned partition: the high watermark at assignment until the
@@ -87,7 +92,7 @@ pub const OVERSIZE_KEPT_BYTES: usize = 64 * 1024;
 /// could publish those whole, so their dead letter keeps the key, the
 /// headers and the first 64 KiB of the value, with
 /// `reconciler.value.truncated` giving the original length.
-fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
+pub fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
     let mut headers = r.headers.clone();
     let mut value = r.value.clone();
     if let (DecodeError::Oversize { .. }, Some(v)) = (err, value.as_mut()) {
@@ -106,6 +111,33 @@ fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
     OutboxRecord { topic: topic.to_owned(), key: r.key.clone(), value, headers }
 }
 
+/// An input record as the core sees it, or why it goes to the dead letters.
+pub fn decode_record(codec: &Codec, max_record_bytes: usize, r: &Record) -> Result<Event, DecodeError> {
+    let size = r.size();
+    if size > max_record_bytes {
+        return Err(DecodeError::Oversize { size, limit: max_record_bytes });
+    }
+    let value = r.value.as_deref().ok_or(DecodeError::NullValue)?;
+    let ev = codec.decode_event(value)?;
+    validate_key(r.key.as_deref(), &ev)?;
+    Ok(ev)
+}
+
+/// An output of the core as it is published.
+pub fn output_record(codec: &Codec, t: &Topics, o: &Output) -> Result<OutboxRecord, EncodeError> {
+    let (topic, value) = match o {
+        Output::Verdict(v) => (&t.verdicts, codec.encode_verdict(v)?),
+        Output::Anomaly(a) => (&t.anomalies, codec.encode_anomaly(a)?),
+        Output::Command(c) => (&t.commands, codec.encode_command(c)?),
+    };
+    Ok(OutboxRecord {
+        topic: topic.clone(),
+        key: Some(o.entity_id().as_bytes().to_vec()),
+        value: Some(value),
+        headers: Vec::new(),
+    })
+}
+
 impl Pipeline {
     /// Opens the store, creates missing topics, joins the group.
     pub fn new(cfg: Config, clock: Clock) -> Result<Pipeline, PipelineError> {
@@ -116,6 +148,7 @@ impl Pipeline {
         let store = Arc::new(Store::open(&cfg.state_dir, &t.events, cfg.sync_writes)?);
         let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?;
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
+        let fence = crate::restore::Fence::new(&cfg.kafka);
         let metrics = Arc::new(Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types));
         Ok(Pipeline {
             metrics,
@@ -125,6 +158,7 @@ impl Pipeline {
             store,
             consumer,
             publisher,
+            fence,
             clock,
             fired: HashSet::new(),
             catch_up: BTreeMap::new(),
@@ -158,11 +192,16 @@ impl Pipeline {
         let timer_every = Duration::from_millis(self.cfg.time.timer_interval_ms);
         let mut last_timers = Instant::now();
         info!(topic = %self.cfg.topics.events, group = %self.cfg.consumer.group_id, "Pipeline running");
+        // When the loop last polled: the member was alive then (the zombie
+        // fence measures stalls from there).
+        let mut last_poll = Instant::now();
         while !shutdown.load(Ordering::SeqCst) {
+            let this_poll = Instant::now();
             let records = self.consumer.poll_batch(self.cfg.consumer.batch_size, wait)?;
             if !records.is_empty() {
-                self.process(records, shutdown)?;
+                self.process(records, last_poll, shutdown)?;
             }
+            last_poll = this_poll;
             if last_timers.elapsed() >= timer_every {
                 last_timers = Instant::now();
                 if let Err(e) = self.fire_timers() {
@@ -184,6 +223,7 @@ impl Pipeline {
         info!(records = pending.len(), "Re-publishing the outbox of the previous run");
         let (first, last) = (pending[0].0, pending[pending.len() - 1].0);
         self.publish_with_retry(pending.iter().map(|(_, r)| r).collect(), shutdown)?;
+        crate::faults::point("pipeline::after_republish");
         self.store.ack_outbox(first..last + 1)?;
         self.metrics.outbox_republished(pending.len());
         Ok(())
@@ -208,35 +248,21 @@ impl Pipeline {
     }
 
     fn decode(&self, r: &Record) -> Result<Event, DecodeError> {
-        let size = r.size();
-        if size > self.cfg.consumer.max_record_bytes {
-            return Err(DecodeError::Oversize { size, limit: self.cfg.consumer.max_record_bytes });
-        }
-        let value = r.value.as_deref().ok_or(DecodeError::NullValue)?;
-        let ev = self.codec.decode_event(value)?;
-        validate_key(r.key.as_deref(), &ev)?;
-        Ok(ev)
+        decode_record(&self.codec, self.cfg.consumer.max_record_bytes, r)
     }
 
     fn output_record(&self, o: &Output) -> Result<OutboxRecord, EncodeError> {
-        let t = &self.cfg.topics;
-        let (topic, value) = match o {
-            Output::Verdict(v) => (&t.verdicts, self.codec.encode_verdict(v)?),
-            Output::Anomaly(a) => (&t.anomalies, self.codec.encode_anomaly(a)?),
-            Output::Command(c) => (&t.commands, self.codec.encode_command(c)?),
-        };
-        Ok(OutboxRecord {
-            topic: topic.clone(),
-            key: Some(o.entity_id().as_bytes().to_vec()),
-            value: Some(value),
-            headers: Vec::new(),
-        })
+        output_record(&self.codec, &self.cfg.topics, o)
     }
 
     /// Applies one batch and makes it durable and published.
-    fn process(&mut self, records: Vec<Record>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+    fn process(&mut self, records: Vec<Record>, alive_at: Instant, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let started = Instant::now();
-        let mut next: BTreeMap<i32, i64> = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
+        let (mut next, restore_until) = {
+            let a = self.consumer.assignment.lock().expect("not poisoned");
+            (a.owned.clone(), a.restore_until.clone())
+        };
+        let stored = next.clone();
         // (partition, op) → (timer in the index before the batch, state)
         let mut ops: HashMap<(i32, String), (Option<i64>, Option<OperationState>)> = HashMap::new();
         let mut entities: HashMap<(i32, String), EntityState> = HashMap::new();
@@ -252,13 +278,22 @@ impl Pipeline {
             next.insert(r.partition, r.offset + 1);
             touched.insert(r.partition, r.offset + 1);
             self.stats.records += 1;
+            crate::faults::point("pipeline::mid_batch");
+            // Below the restore target: published by a previous owner already.
+            let silent = crate::restore::silent(&restore_until, r.partition, r.offset);
+            if silent {
+                self.stats.restored += 1;
+                crate::faults::point("pipeline::restoring");
+            }
             let ev = match self.decode(r) {
                 Ok(ev) => ev,
                 Err(e) => {
                     debug!(partition = r.partition, offset = r.offset, class = e.class(), error = %e, "Dead-lettering a record");
                     *self.stats.dead_letters.entry(e.class()).or_default() += 1;
-                    self.metrics.dead_letter(e.class());
-                    batch.publish(dead_letter(&self.cfg.topics.dlq, r, &e));
+                    if !silent {
+                        self.metrics.dead_letter(e.class());
+                        batch.publish(dead_letter(&self.cfg.topics.dlq, r, &e));
+                    }
                     continue;
                 }
             };
@@ -286,6 +321,9 @@ impl Pipeline {
             *self.stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if d == Disposition::Held {
                 debug!(operation_id = %op_key.1, entity_id = %ent_key.1, partition = p, offset = r.offset, "Event held for reordering");
+            }
+            if silent {
+                outputs.clear();
             }
             for o in outputs.drain(..) {
                 self.metrics.output(&o);
@@ -316,14 +354,24 @@ impl Pipeline {
         for (p, n) in &touched {
             batch.set_offset(*p, *n);
         }
+        // Zombie fence: write nothing if the group may have moved these
+        // partitions while this batch was being built.
+        if !self.fence.check(alive_at, self.consumer.assignment_lost()) {
+            warn!(partitions = ?touched.keys().collect::<Vec<_>>(), "Batch dropped: the assignment may be lost (stalled or expelled)");
+            self.stats.fenced += 1;
+            self.consumer.rewind(&stored.into_iter().filter(|(p, _)| touched.contains_key(p)).collect());
+            return Ok(());
+        }
         timeline.write_to(&mut batch);
         let to_publish = batch.outbox.clone();
         let applied = started.elapsed();
         let seqs = self.store.commit(batch)?;
+        crate::faults::point("pipeline::after_store");
         let stored = started.elapsed();
         if !self.discard_outputs {
             self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
         }
+        crate::faults::point("pipeline::after_publish");
         let published = started.elapsed();
         self.store.ack_outbox(seqs)?;
         {
@@ -333,6 +381,7 @@ impl Pipeline {
                     *slot = (*slot).max(*n);
                 }
             }
+            crate::restore::advance(&mut a.restore_until, &touched);
         }
         self.consumer.commit_for_visibility(&touched);
         self.stats.batches += 1;
@@ -344,6 +393,7 @@ impl Pipeline {
             store_us = (stored - applied).as_micros() as u64,
             publish_us = (published - stored).as_micros() as u64,
             total_us = started.elapsed().as_micros() as u64,
+            next_offsets = ?touched,
             "Batch committed"
         );
         Ok(())
@@ -410,6 +460,7 @@ impl Pipeline {
         // To the operation's own partition, whatever the key would hash to:
         // the timer must be judged by the owner of the operation's state.
         self.publisher.publish_all(events.iter().map(|(r, p, _)| (r, Some(*p))))?;
+        crate::faults::point("pipeline::timer_fired");
         // Only once acknowledged: a failed firing is retried next tick.
         self.fired.extend(events.iter().map(|(_, _, k)| k.clone()));
         self.stats.timers_fired += events.len() as u64;

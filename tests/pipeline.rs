@@ -5,12 +5,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::process::{Command, Stdio};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{config, Running};
+use common::child::Instance;
+use common::{check, config, Running};
 use reconciler::codec::Codec;
 use reconciler::core::event::{Body, Event, Requested};
 use reconciler::core::{Output, Verdict};
@@ -98,7 +98,7 @@ fn events_in_give_the_predicted_verdicts_and_anomalies() {
 }
 
 #[test]
-fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on() {
+fn eleven_kinds_of_poison_are_dead_lettered_once_byte_identical_the_stream_flows_on_and_a_replay_agrees() {
     let _serial = common::serial();
     let cfg = config("dlq");
     let codec = Codec::new();
@@ -176,9 +176,14 @@ fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on(
             ),
             "malformed",
         ),
+        // Headers with garbage: binary values, an empty name, a repeated
+        // name, a null and a large value; all kept byte-identical, in order.
+        (rec(b"cust-1", Some(vec![0x00, 0x13, 0x37]), garbage_headers()), "bad_magic"),
     ];
+    // Headers are not part of the contract: a valid event with garbage
+    // headers is applied like any other.
     let good = [
-        rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), vec![]),
+        rec(b"cust-1", Some(codec.encode_event(&requested).unwrap()), garbage_headers()),
         rec(b"cust-1", Some(codec.encode_event(&cancelled).unwrap()), vec![]),
     ];
     let publisher = Publisher::new(&cfg.kafka, 2 * cfg.consumer.max_record_bytes).unwrap();
@@ -220,6 +225,60 @@ fn ten_kinds_of_poison_are_dead_lettered_byte_identical_and_the_stream_flows_on(
     let v = verdicts_of(&reader.of(&topics.verdicts).collect::<Vec<_>>());
     assert_eq!(v.len(), 1);
     assert_eq!(v.values().next().unwrap().outcome.as_str(), "NOT_APPLICABLE");
+
+    // I1-I3 of the live run against the reference over the input log.
+    let input = check::read_all(&cfg, &[&topics.events]);
+    let live = check::check(&cfg, &input, &check::read_all(&cfg, &check::output_topics(&cfg)), &[&cfg.state_dir]);
+
+    // A replay into empty state (new group, new output topics) gives the
+    // same dead letters, byte for byte, provenance included.
+    let replay = replay_config(&cfg);
+    let running = Running::start(&replay, system_clock());
+    let mut again = TopicReader::new(&replay.kafka, &[&replay.topics.dlq, &replay.topics.verdicts], 3).unwrap();
+    let rt = replay.topics.clone();
+    let ok = again.read_until(Duration::from_secs(30), |recs| {
+        recs.iter().filter(|r| r.topic == rt.dlq).count() >= poison.len() && recs.iter().any(|r| r.topic == rt.verdicts)
+    });
+    running.stop();
+    assert!(ok, "the replay did not dead-letter everything");
+    let dead = |recs: Vec<&Record>| -> Vec<_> {
+        recs.into_iter().map(|r| (r.key.clone(), r.value.clone(), r.headers.clone())).collect()
+    };
+    assert_eq!(dead(again.of(&rt.dlq).collect()), dead(dlq), "the replay's dead letters differ");
+    let replayed =
+        check::check(&replay, &input, &check::read_all(&replay, &check::output_topics(&replay)), &[&replay.state_dir]);
+    println!(
+        "poison suite: kinds {}, inputs {}, dead letters {} (replayed identical), losses {}, non-identical duplicates {}",
+        poison.len(),
+        live.inputs,
+        poison.len(),
+        live.losses + replayed.losses,
+        live.divergent + replayed.divergent
+    );
+}
+
+/// Headers no decoder should choke on.
+fn garbage_headers() -> Vec<(String, Option<Vec<u8>>)> {
+    vec![
+        ("bin".into(), Some(vec![0xff, 0x00, 0xfe, 0x80])),
+        ("".into(), Some(b"empty name".to_vec())),
+        ("dup".into(), Some(b"first".to_vec())),
+        ("dup".into(), Some(b"second".to_vec())),
+        ("null".into(), None),
+        ("big".into(), Some(vec![0xa5; 10_000])),
+    ]
+}
+
+/// The same input topic, read by a fresh instance: new state, new group,
+/// new output topics.
+fn replay_config(cfg: &reconciler::config::Config) -> reconciler::config::Config {
+    let mut replay = cfg.clone();
+    let id = common::unique("replayed");
+    replay.topics =
+        reconciler::config::Topics { events: cfg.topics.events.clone(), ..reconciler::config::Topics::named(&id, 3) };
+    replay.consumer.group_id = format!("{id}.group");
+    replay.state_dir = common::temp_dir("replay-state");
+    replay
 }
 
 #[test]
@@ -345,49 +404,80 @@ fn streams(reader: &TopicReader, topic: &str) -> BTreeMap<i32, Vec<Vec<u8>>> {
     out
 }
 
+/// Runs an instance with `clock` over `cfg`'s input until `want` verdicts
+/// and anomalies arrived, then a little longer (nothing more may come).
+/// With `records`, publishes them first: the whole input is in the log
+/// before any timer can fire.
+fn run_with_clock(
+    cfg: &reconciler::config::Config,
+    records: Option<&[DemoRecord]>,
+    clock: reconciler::pipeline::Clock,
+    want: (usize, usize),
+) -> TopicReader {
+    if let Some(r) = records {
+        reconciler::kafka::admin::ensure_topics(&cfg.kafka, &cfg.topics.all(), 3, 1).unwrap();
+        demo::publish(cfg, r).unwrap();
+    }
+    let running = Running::start(cfg, clock);
+    let t = cfg.topics.clone();
+    let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies], 3).unwrap();
+    let ok = reader.read_until(Duration::from_secs(60), |recs| {
+        recs.iter().filter(|r| r.topic == t.verdicts).count() >= want.0
+            && recs.iter().filter(|r| r.topic == t.anomalies).count() >= want.1
+    });
+    reader.read_until(Duration::from_secs(2), |_| false);
+    running.stop();
+    assert!(ok, "the run over {} did not settle", t.events);
+    reader
+}
+
+/// The clock suite. The same input, processed live under two wall clocks an
+/// hour apart, gives the same verdicts (the core's prediction); replaying
+/// each run's log into empty state under a clock a day later, or a day
+/// earlier, gives byte-identical verdict and anomaly streams, timeouts
+/// included: every timer firing is in the log.
 #[test]
-fn replay_into_empty_state_gives_byte_identical_streams_timeouts_included() {
+fn verdicts_do_not_depend_on_the_wall_clock_and_replays_are_byte_identical() {
     let _serial = common::serial();
-    let mut cfg = config("replay");
+    let mut cfg = config("clock");
     demo::configure(&mut cfg);
     let start = now();
     let records = demo::workload(start, 1);
     let (outputs, _) = demo::predict(&cfg, &records, start + 3_600_000);
-    let n_verdicts = outputs.iter().filter(|o| matches!(o, Output::Verdict(_))).count();
-    let n_anomalies = outputs.iter().filter(|o| matches!(o, Output::Anomaly(_))).count();
-    let running = Running::start(&cfg, system_clock());
-    demo::publish(&cfg, &records).unwrap();
-    let t = cfg.topics.clone();
-    let mut live = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies], 3).unwrap();
-    let ok = live.read_until(Duration::from_secs(60), |recs| {
-        recs.iter().filter(|r| r.topic == t.verdicts).count() >= n_verdicts
-            && recs.iter().filter(|r| r.topic == t.anomalies).count() >= n_anomalies
-    });
-    running.stop();
-    assert!(ok, "the live run did not settle");
+    let want = (
+        outputs.iter().filter(|o| matches!(o, Output::Verdict(_))).count(),
+        outputs.iter().filter(|o| matches!(o, Output::Anomaly(_))).count(),
+    );
+    let predicted: BTreeSet<_> =
+        outputs.iter().filter_map(|o| if let Output::Verdict(v) = o { Some(comparable(v)) } else { None }).collect();
+    let mut skewed = config("clock-skewed");
+    demo::configure(&mut skewed);
+    let runs = [
+        (cfg, system_clock(), Arc::new(move || now() + 86_400_000) as reconciler::pipeline::Clock),
+        (skewed, Arc::new(move || now() + 3_600_000) as _, Arc::new(move || now() - 86_400_000) as _),
+    ];
+    for (cfg, live_clock, replay_clock) in runs {
+        let live = run_with_clock(&cfg, Some(&records), live_clock, want);
+        let t = &cfg.topics;
+        let got: BTreeSet<_> =
+            verdicts_of(&live.of(&t.verdicts).collect::<Vec<_>>()).values().map(comparable).collect();
+        assert_eq!(got, predicted, "verdicts under another wall clock");
+        let replay = replay_config(&cfg);
+        let again = run_with_clock(&replay, None, replay_clock, want);
+        let rt = &replay.topics;
+        assert_eq!(streams(&live, &t.verdicts), streams(&again, &rt.verdicts), "verdict streams differ");
+        assert_eq!(streams(&live, &t.anomalies), streams(&again, &rt.anomalies), "anomaly streams differ");
+    }
+    println!(
+        "clock suite: 2 wall clocks 1 h apart, 2 replays (a day later, a day earlier), {} verdicts each, identical",
+        want.0
+    );
+}
 
-    // A fresh instance: new state, new group, new output topics, and a wall
-    // clock a day later. Every timeout must come from the log, not the clock.
-    let mut replay = cfg.clone();
-    let id = common::unique("replayed");
-    replay.topics =
-        reconciler::config::Topics { events: cfg.topics.events.clone(), ..reconciler::config::Topics::named(&id, 3) };
-    replay.consumer.group_id = format!("{id}.group");
-    replay.state_dir = common::temp_dir("replay-state");
-    let later = Arc::new(move || now() + 86_400_000);
-    let running = Running::start(&replay, later);
-    let mut again = TopicReader::new(&replay.kafka, &[&replay.topics.verdicts, &replay.topics.anomalies], 3).unwrap();
-    let rt = replay.topics.clone();
-    let ok = again.read_until(Duration::from_secs(60), |recs| {
-        recs.iter().filter(|r| r.topic == rt.verdicts).count() >= n_verdicts
-            && recs.iter().filter(|r| r.topic == rt.anomalies).count() >= n_anomalies
-    });
-    // Nothing more may come: give a late extra output a chance to show.
-    again.read_until(Duration::from_secs(2), |_| false);
-    running.stop();
-    assert!(ok, "the replay did not settle");
-    assert_eq!(streams(&live, &t.verdicts), streams(&again, &rt.verdicts), "verdict streams differ");
-    assert_eq!(streams(&live, &t.anomalies), streams(&again, &rt.anomalies), "anomaly streams differ");
+#[test]
+#[ignore = "the child process of the crash test (tests/common/child.rs)"]
+fn child_instance() {
+    common::child::child_main();
 }
 
 #[test]
@@ -396,88 +486,46 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     let mut cfg = config("crash");
     demo::configure(&mut cfg);
     cfg.consumer.batch_size = 97;
+    cfg.time.reorder_window_ms = 2_000;
+    // The killed member stays in the group until its session times out.
+    cfg.kafka.insert("session.timeout.ms".into(), "6000".into());
+    cfg.kafka.insert("heartbeat.interval.ms".into(), "1000".into());
     let start = now();
     let records = demo::workload(start, 150);
     let (outputs, engine) = demo::predict(&cfg, &records, start + 3_600_000);
-    let predicted: BTreeSet<String> = outputs
-        .iter()
-        .filter_map(|o| if let Output::Verdict(v) = o { Some(v.verdict_id.clone()) } else { None })
-        .collect();
+    let predicted = outputs.iter().filter(|o| matches!(o, Output::Verdict(_))).count();
 
     let dir = common::temp_dir("crash-config");
-    let config_file = dir.join("reconciler.toml");
-    let mut toml = format!(
-        "state_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\npartitions = 3\n[consumer]\ngroup_id = {:?}\nbatch_size = 97\nbatch_wait_ms = 20\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"1000\"\n",
-        cfg.state_dir, cfg.topics.events, cfg.topics.verdicts, cfg.topics.anomalies, cfg.topics.dlq, cfg.topics.commands, cfg.consumer.group_id, common::brokers()
-    );
-    for (ty, ms) in demo::demo_types() {
-        toml.push_str(&format!("[types.{ty}]\nconfirm_within_ms = {ms}\n"));
-    }
-    std::fs::write(&config_file, toml).unwrap();
-    let log_file = dir.join("reconciler.log");
-    let spawn = || {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_file).unwrap();
-        Command::new(env!("CARGO_BIN_EXE_reconciler"))
-            .args(["--config", config_file.to_str().unwrap(), "run"])
-            .env("RECONCILER_LOG", "warn")
-            // Any free port: several runs may share the machine.
-            .env("RECONCILER_HTTP__BIND", "127.0.0.1:0")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap()
-    };
-    let log_tail =
-        || std::fs::read_to_string(&log_file).unwrap_or_default().lines().rev().take(20).collect::<Vec<_>>().join("\n");
+    let config_file = common::child::write_config(&cfg, &dir);
+    let log = dir.join("reconciler.log");
     let t = cfg.topics.clone();
     reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), 3, 1).unwrap();
     demo::publish(&cfg, &records).unwrap();
     let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts], 3).unwrap();
     let mut kills = 0;
     for round in 0..3 {
-        let mut child = spawn();
+        let child = Instance::spawn(&config_file, None, None, &log);
         // Let it get some way in, then kill -9 in the middle of the stream.
-        // (The killed member stays in the group until its session times
-        // out: 6 s here, so the next one is assigned quickly.)
-        let target = predicted.len() * (round + 1) / 5;
+        let target = predicted * (round + 1) / 5;
         let got_there = reader.read_until(Duration::from_secs(60), |recs| recs.len() >= target);
-        assert!(got_there, "round {round}: no progress; log (last lines first):\n{}", log_tail());
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        assert!(got_there, "round {round}: no progress; log (last lines first):\n{}", child.log_tail());
+        child.kill9();
         kills += 1;
     }
-    let mut child = spawn();
-    let began = Instant::now();
-    let ok = reader.read_until(Duration::from_secs(90), |recs| {
-        recs.iter().filter_map(|r| r.value.as_deref()).collect::<BTreeSet<_>>().len() >= predicted.len()
-    });
-    // Stop it cleanly (SIGTERM) so the store can be opened.
-    unsafe_sigterm(child.id());
-    let status = child.wait().unwrap();
-    assert!(ok, "not all verdicts after {kills} kills ({:?}); log:\n{}", began.elapsed(), log_tail());
-    assert!(status.success(), "SIGTERM exits 0, got {status:?}");
+    let child = Instance::spawn(&config_file, None, None, &log);
+    let settled = check::wait_settled(&cfg, predicted, Duration::from_secs(90), || child.ready());
+    let tail = child.log_tail();
+    child.stop();
+    assert!(settled, "I4: not all verdicts, or lag above zero, after {kills} kills; log:\n{tail}");
 
-    // I2: duplicates only as byte-identical copies with the same id.
-    let codec = Codec::new();
-    let mut by_id: HashMap<String, Vec<u8>> = HashMap::new();
-    let mut duplicates = 0;
-    for r in reader.of(&t.verdicts) {
-        let bytes = r.value.clone().unwrap();
-        let v = codec.decode_verdict(&bytes).unwrap();
-        if let Some(prev) = by_id.insert(v.verdict_id.clone(), bytes.clone()) {
-            duplicates += 1;
-            assert_eq!(prev, bytes, "verdict {} re-published with different bytes", v.verdict_id);
-        }
-    }
-    let got: BTreeSet<String> = by_id.keys().cloned().collect();
-    assert_eq!(got, predicted, "verdict ids after {kills} kills");
-    println!(
-        "crash test: {} records, {kills} kill -9, {} verdicts, {duplicates} byte-identical re-publications, 0 lost",
-        records.len(),
-        predicted.len()
-    );
+    // I1-I3 against the reference over the input log.
+    let input = check::read_all(&cfg, &[&t.events]);
+    let mut f = check::check(&cfg, &input, &check::read_all(&cfg, &check::output_topics(&cfg)), &[&cfg.state_dir]);
+    f.iterations = 1;
+    f.crashes = kills;
+    f.print("crash test (kill -9 x3)");
 
-    // I1/I3: the state equals the uninterrupted in-memory reference.
+    // And the state equals the core's own prediction for the workload.
     let store = Store::open(&cfg.state_dir, &cfg.topics.events, false).unwrap();
     let mut ops = BTreeMap::new();
     for p in 0..3 {
@@ -487,13 +535,6 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     }
     assert_eq!(ops.len(), engine.ops.len());
     for (id, want) in &engine.ops {
-        let got = &ops[id];
-        assert_eq!(got.events_applied, want.events_applied, "{id}: events applied");
-        assert_eq!(got, want, "{id}: state differs from the uninterrupted reference");
+        assert_eq!(&ops[id], want, "{id}: state differs from the uninterrupted reference");
     }
-}
-
-fn unsafe_sigterm(pid: u32) {
-    // `kill -TERM`, without a libc dependency in the tests.
-    Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
 }

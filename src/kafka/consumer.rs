@@ -15,6 +15,7 @@ use rdkafka::{ClientContext, Offset};
 use tracing::{info, warn};
 
 use super::{client_config, KafkaError, Record, CONSUMER_DEFAULTS};
+use crate::restore;
 use crate::store::Store;
 
 /// What the rebalance callback tells the run loop.
@@ -29,6 +30,9 @@ pub struct Assignment {
     /// A rebalance step failed: the instance must stop rather than run
     /// with an assignment it does not really have.
     pub fatal: Option<String>,
+    /// Partitions restoring their state: records below the offset are
+    /// applied without publishing (see [`crate::restore`]).
+    pub restore_until: BTreeMap<i32, i64>,
     /// The group has handed this member an assignment (possibly empty) at
     /// least once: before that it cannot be ready.
     pub received: bool,
@@ -50,6 +54,7 @@ impl ConsumerContext for GroupContext {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 a.received = true;
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                let committed = self.committed(consumer, &partitions);
                 for p in partitions {
                     let next = match self.store.next_offset(p) {
                         Ok(n) => n,
@@ -65,7 +70,16 @@ impl ConsumerContext for GroupContext {
                     a.owned.insert(p, next.unwrap_or(0));
                     a.revoked.remove(&p);
                     a.assigned.insert(p);
-                    info!(partition = p, next_offset = ?next, "Partition assigned; resuming from the stored offset");
+                    match restore::target(next, committed.get(&p).copied()) {
+                        Some(until) => {
+                            a.restore_until.insert(p, until);
+                            info!(partition = p, next_offset = ?next, restore_until = until, "Partition assigned; restoring its state from the log without publishing");
+                        }
+                        None => {
+                            a.restore_until.remove(&p);
+                            info!(partition = p, next_offset = ?next, "Partition assigned; resuming from the stored offset");
+                        }
+                    }
                 }
                 if let Err(e) = consumer.assign(tpl) {
                     a.fatal = Some(format!("assigning partitions: {e}"));
@@ -74,6 +88,7 @@ impl ConsumerContext for GroupContext {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 for e in tpl.elements() {
                     a.owned.remove(&e.partition());
+                    a.restore_until.remove(&e.partition());
                     a.revoked.insert(e.partition());
                     info!(partition = e.partition(), "Partition revoked; no more writes for it");
                 }
@@ -84,6 +99,40 @@ impl ConsumerContext for GroupContext {
             other => warn!(error = ?other, "Rebalance error"),
         }
     }
+}
+
+impl GroupContext {
+    /// The group's committed offsets of `partitions` (those it has). An
+    /// error leaves them out: that partition then restores nothing silently
+    /// and only repeats byte-identical outputs (see [`crate::restore`]).
+    fn committed(&self, consumer: &BaseConsumer<Self>, partitions: &[i32]) -> BTreeMap<i32, i64> {
+        committed_offsets(consumer, &self.topic, partitions.iter().copied()).unwrap_or_else(|e| {
+            warn!(error = %e, "Cannot read the group's committed offsets; partitions will not restore silently");
+            BTreeMap::new()
+        })
+    }
+}
+
+/// The committed offsets of the consumer's group in `partitions` of
+/// `topic` (those that have one).
+pub fn committed_offsets<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partitions: impl IntoIterator<Item = i32>,
+) -> KafkaResult<BTreeMap<i32, i64>> {
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition(topic, p);
+    }
+    Ok(consumer
+        .committed_offsets(tpl, Duration::from_secs(10))?
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect())
 }
 
 /// A subscribed consumer that hands out batches of owned records.
@@ -168,6 +217,24 @@ impl GroupConsumer {
         }
         if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
             warn!(error = %e, "Committing group offsets failed (lag display only)");
+        }
+    }
+
+    /// Whether librdkafka knows that this member lost its assignment (the
+    /// group expelled it) before the rebalance callback ran.
+    pub fn assignment_lost(&self) -> bool {
+        self.consumer.assignment_lost()
+    }
+
+    /// Moves `partitions` back to the given next offsets (a fenced batch is
+    /// consumed again if the partitions are still ours). Errors are only
+    /// logged: a partition that is no longer assigned is re-seeked by the
+    /// next assignment anyway.
+    pub fn rewind(&self, partitions: &BTreeMap<i32, i64>) {
+        for (p, next) in partitions {
+            if let Err(e) = self.consumer.seek(&self.topic, *p, Offset::Offset(*next), Duration::from_secs(5)) {
+                warn!(partition = p, error = %e, "Cannot rewind a fenced partition");
+            }
         }
     }
 

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+pub mod check;
+pub mod child;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

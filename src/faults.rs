@@ -1,0 +1,61 @@
+//! Crash points for the reliability suites (tests/reliability.rs).
+//!
+//! `point("name")` is a fail point of the `fail` crate whose `return`
+//! action aborts the process on the spot, like `kill -9`: no destructor runs,
+//! nothing is flushed beyond what the code already made durable
+//! (`return(stop)` stops the process instead: a zombie). The child processes
+//! of the tests arm them through the `FAILPOINTS` environment variable, e.g.
+//! `FAILPOINTS=pipeline::after_store=3*off->return` crashes at the fourth
+//! batch written to the store.
+//!
+//! Without the `failpoints` feature (any plain `cargo build`, so the
+//! release binary) a crash point is an empty inline function: zero cost,
+//! and no environment variable can make the binary crash.
+
+/// Whether this build has its crash points (the `failpoints` feature).
+pub const ARMED: bool = cfg!(feature = "failpoints");
+
+/// The crash points, in the order of a batch's life.
+pub const CRASH_POINTS: [&str; 6] = [
+    // A batch applied in memory half-way, nothing written yet.
+    "pipeline::mid_batch",
+    // State, offsets and outbox written; nothing published.
+    "pipeline::after_store",
+    // Outputs acknowledged by the broker; the outbox not yet cleared.
+    "pipeline::after_publish",
+    // DeadlineReached events published; not yet recorded as fired.
+    "pipeline::timer_fired",
+    // On restart: the previous outbox re-published, not yet cleared.
+    "pipeline::after_republish",
+    // Restoring a partition from the log (silent records applied).
+    "pipeline::restoring",
+];
+
+/// Ends the process at once (SIGABRT: no unwinding, no flush).
+pub fn crash(point: &str) -> ! {
+    eprintln!("crash point {point} reached: aborting");
+    std::process::abort()
+}
+
+/// Evaluates crash point `name`: armed with `return` it crashes the
+/// process; with `return(stop)` the process stops itself (SIGSTOP, every
+/// thread, as a zombie member would) and goes on where it was once resumed.
+#[cfg(feature = "failpoints")]
+pub fn point(name: &str) {
+    match fail::eval(name, |arg| arg) {
+        None => {}
+        Some(Some(arg)) if arg == "stop" => {
+            eprintln!("crash point {name} reached: stopping");
+            // raise() stops this thread before it returns (`kill -STOP` from
+            // a child process let the thread run on for a few milliseconds).
+            // SAFETY: raise has no memory-safety preconditions.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+        Some(_) => crash(name),
+    }
+}
+
+/// Without the `failpoints` feature: nothing.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn point(_name: &str) {}

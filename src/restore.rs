@@ -1,0 +1,148 @@
+//! Restore on rebalance, and the zombie fence.
+//!
+//! # Restore
+//!
+//! Each instance keeps its own RocksDB, and in it the next offset it applied
+//! of every partition it ever owned. When a partition moves to an instance,
+//! that local copy may be missing (offset 0) or stale (the partition was
+//! owned here earlier and processed elsewhere since). Re-processing the gap
+//! normally would be *correct* (the core is deterministic: every output is
+//! byte-identical to the one the previous owner published) but would flood
+//! downstream with every old verdict again.
+//!
+//! So on assignment the consumer also reads the group's committed offset of
+//! the partition. The pipeline commits a group offset only after the outputs
+//! of every record below it were acknowledged by the broker (see
+//! `Pipeline::process`), so everything below the committed offset has
+//! already been published by some owner. The new owner therefore applies the
+//! records from its local offset up to the committed offset to its state
+//! **without publishing** (outputs and dead letters dropped), then processes
+//! normally from there. The restore target is below the high watermark at
+//! assignment, so a restoring partition counts as not caught up: `/readyz`
+//! says not ready until it is done, and its timers do not fire (the
+//! pipeline's catch-up rule), so a restore never publishes a
+//! `DeadlineReached` twice.
+//!
+//! Guarantee: after a partition moves, the new owner's state at offset `n`
+//! equals the state an uninterrupted single instance would have at `n`
+//! (state is a function of the log prefix), and the outputs it publishes
+//! start at the group's committed offset. Outputs between the committed
+//! offset and what the previous owner had published are published again,
+//! byte-identical with the same ids (at-least-once, SPEC §9). If the
+//! committed offset cannot be read, nothing is restored silently: the
+//! partition is processed from the local offset with publishing, which only
+//! repeats byte-identical outputs.
+//!
+//! (A compacted changelog topic, as Kafka Streams does, would make the
+//! restore cost proportional to the state rather than to the log since the
+//! local offset; replaying the input is simpler and needs no second
+//! source of truth. The full rebuild stays `replay`.)
+//!
+//! # Zombie fence
+//!
+//! A member that stalls (SIGSTOP, swap, a long GC-like pause) longer than
+//! `session.timeout.ms` is expelled from the group, and its partitions go to
+//! another member; when it resumes it may hold a batch built before the
+//! stall. Before a batch is written, [`Fence::check`] drops it when
+//! librdkafka reports the assignment lost, or when more than the session
+//! timeout passed since the run loop's *previous* poll (so a stop before or
+//! during this poll is caught too: after a resume the fetcher may hand out
+//! records before the heartbeat learns of the expulsion). The member cannot
+//! know whether it is still a member without a heartbeat, and a loop
+//! iteration is never that slow otherwise; a false alarm only re-consumes
+//! the batch. A dropped batch writes nothing, and its partitions are
+//! rewound to their stored offsets, so it is consumed again if the
+//! partitions are still ours. What remains: a member that stops *after* the
+//! check and before its publish completes writes that one batch's state and
+//! outputs. The state is local (the next owner restores from the log, not
+//! from it) and the outputs are byte-identical to the ones the new owner
+//! publishes for the same offsets, so no reader sees a divergent verdict.
+//! Fencing the producer itself needs Kafka transactions (a transactional id
+//! per partition, `exactly_once`), which the local broker does not have.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Where a newly assigned partition must restore up to without publishing:
+/// the group's committed offset when it is ahead of the local one.
+pub fn target(local_next: Option<i64>, committed: Option<i64>) -> Option<i64> {
+    match committed {
+        Some(c) if c > local_next.unwrap_or(0) => Some(c),
+        _ => None,
+    }
+}
+
+/// Whether the record at `offset` of `partition` is below the partition's
+/// restore target (applied to state, not published).
+pub fn silent(restore_until: &BTreeMap<i32, i64>, partition: i32, offset: i64) -> bool {
+    restore_until.get(&partition).is_some_and(|until| offset < *until)
+}
+
+/// Partitions still restoring, given the next offset applied in each.
+pub fn restoring(restore_until: &BTreeMap<i32, i64>) -> Vec<i32> {
+    restore_until.keys().copied().collect()
+}
+
+/// Forgets the targets reached by `applied` (partition → next offset).
+pub fn advance(restore_until: &mut BTreeMap<i32, i64>, applied: &BTreeMap<i32, i64>) {
+    restore_until.retain(|p, until| applied.get(p).is_none_or(|next| next < until));
+}
+
+/// The stall rule of the zombie fence.
+#[derive(Debug, Clone, Copy)]
+pub struct Fence {
+    session_timeout: Duration,
+}
+
+impl Fence {
+    /// `session.timeout.ms` of the `[kafka]` settings (librdkafka's default,
+    /// 45 s, when absent or not a number).
+    pub fn new(kafka: &BTreeMap<String, String>) -> Fence {
+        let ms = kafka.get("session.timeout.ms").and_then(|v| v.parse().ok()).unwrap_or(45_000);
+        Fence { session_timeout: Duration::from_millis(ms) }
+    }
+
+    /// Whether a batch may still be written, the member having been seen
+    /// alive (polling) at `alive_at`: the assignment is not reported lost
+    /// and the member did not stall for a session timeout since.
+    pub fn check(&self, alive_at: Instant, assignment_lost: bool) -> bool {
+        !assignment_lost && alive_at.elapsed() < self.session_timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restores_only_up_to_a_committed_offset_ahead_of_the_local_one() {
+        assert_eq!(target(None, Some(40)), Some(40));
+        assert_eq!(target(Some(10), Some(40)), Some(40));
+        assert_eq!(target(Some(40), Some(40)), None);
+        assert_eq!(target(Some(50), Some(40)), None);
+        assert_eq!(target(Some(5), None), None);
+        assert_eq!(target(None, Some(0)), None);
+    }
+
+    #[test]
+    fn records_below_the_target_are_silent_until_it_is_reached() {
+        let mut until = BTreeMap::from([(1, 10)]);
+        assert!(silent(&until, 1, 9));
+        assert!(!silent(&until, 1, 10));
+        assert!(!silent(&until, 2, 0));
+        advance(&mut until, &BTreeMap::from([(1, 9)]));
+        assert_eq!(restoring(&until), vec![1]);
+        advance(&mut until, &BTreeMap::from([(1, 10)]));
+        assert!(restoring(&until).is_empty());
+    }
+
+    #[test]
+    fn a_stall_longer_than_the_session_timeout_fences_the_batch() {
+        let kafka = BTreeMap::from([("session.timeout.ms".to_owned(), "6000".to_owned())]);
+        let fence = Fence::new(&kafka);
+        assert!(fence.check(Instant::now(), false));
+        assert!(!fence.check(Instant::now(), true));
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(7)).unwrap();
+        assert!(!fence.check(long_ago, false));
+    }
+}

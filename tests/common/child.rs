@@ -1,0 +1,183 @@
+//! Reconciler instances as child processes, so that tests can `kill -9`,
+//! `SIGSTOP` and crash them.
+//!
+//! The child is the test binary itself, re-executed to run only its
+//! `child_instance` test (see [`child_main`]), which runs the pipeline of
+//! the library *as the tests link it*: with the crash points of the
+//! `failpoints` feature, armed by `FAILPOINTS`. (The `reconciler` binary of
+//! a plain build has none, and in a shared target directory it may have
+//! been rebuilt from another branch.)
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use reconciler::config::Config;
+
+/// Writes `cfg` as the TOML file the binary reads.
+pub fn write_config(cfg: &Config, dir: &Path) -> PathBuf {
+    let t = &cfg.topics;
+    let mut toml = format!(
+        "state_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\npartitions = {}\n\
+         [consumer]\ngroup_id = {:?}\nbatch_size = {}\nbatch_wait_ms = {}\nmax_record_bytes = {}\n\
+         [time]\nreorder_window_ms = {}\ntimer_interval_ms = {}\n[kafka]\n",
+        cfg.state_dir,
+        t.events,
+        t.verdicts,
+        t.anomalies,
+        t.dlq,
+        t.commands,
+        t.partitions,
+        cfg.consumer.group_id,
+        cfg.consumer.batch_size,
+        cfg.consumer.batch_wait_ms,
+        cfg.consumer.max_record_bytes,
+        cfg.time.reorder_window_ms,
+        cfg.time.timer_interval_ms,
+    );
+    for (k, v) in &cfg.kafka {
+        toml.push_str(&format!("{k:?} = {v:?}\n"));
+    }
+    for (ty, tc) in &cfg.types {
+        toml.push_str(&format!("[types.{ty}]\n"));
+        if let Some(ms) = tc.confirm_within_ms {
+            toml.push_str(&format!("confirm_within_ms = {ms}\n"));
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let file = dir.join("reconciler.toml");
+    std::fs::write(&file, toml).unwrap();
+    file
+}
+
+const CHILD_CONFIG: &str = "RELIABILITY_CHILD_CONFIG";
+const CHILD_STATE_DIR: &str = "RELIABILITY_CHILD_STATE_DIR";
+const CHILD_READY_FILE: &str = "RELIABILITY_CHILD_READY_FILE";
+
+/// The body of the `child_instance` test every suite file declares
+/// (ignored, so it runs only when re-executed by [`Instance::spawn`]):
+/// `reconciler run` with the config file named by the environment, until
+/// SIGTERM. Crash points abort it; a pipeline error panics (exit 101).
+pub fn child_main() {
+    let Some(config) = std::env::var_os(CHILD_CONFIG) else { return };
+    let _failpoints = fail::FailScenario::setup();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("RECONCILER_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let mut cfg = Config::load(Some(Path::new(&config))).expect("child config loads");
+    if let Some(d) = std::env::var_os(CHILD_STATE_DIR) {
+        cfg.state_dir = d.into();
+    }
+    let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone()).unwrap();
+    let mut p =
+        reconciler::pipeline::Pipeline::new(cfg, reconciler::pipeline::system_clock()).expect("pipeline starts");
+    // Readiness (every owned partition restored and caught up) to a file
+    // the test polls, as /readyz would answer it.
+    if let Some(file) = std::env::var_os(CHILD_READY_FILE) {
+        let metrics = p.metrics();
+        std::thread::spawn(move || loop {
+            let _ = std::fs::write(&file, if metrics.readiness().ready { "ready" } else { "not ready" });
+            std::thread::sleep(std::time::Duration::from_millis(100)); // a sampling period
+        });
+    }
+    p.run(&shutdown).expect("pipeline runs");
+    eprintln!("child stats: {:?}", p.stats);
+}
+
+/// One `reconciler run` child process.
+pub struct Instance {
+    pub child: Child,
+    pub log: PathBuf,
+    ready_file: PathBuf,
+}
+
+impl Instance {
+    /// Starts `reconciler --config FILE run`, with `failpoints` (the
+    /// FAILPOINTS variable of the `fail` crate) when given. Logs (warn and
+    /// up) are appended to `log`.
+    pub fn spawn(config: &Path, state_dir: Option<&Path>, failpoints: Option<&str>, log: &Path) -> Instance {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_instance", "--ignored", "--nocapture", "--test-threads=1"]);
+        let ready_file = log.with_extension(format!("{}.ready", unique_suffix()));
+        cmd.env(CHILD_CONFIG, config).env(CHILD_READY_FILE, &ready_file).env_remove(CHILD_STATE_DIR);
+        if let Some(d) = state_dir {
+            cmd.env(CHILD_STATE_DIR, d);
+        }
+        // Batches and partition moves are logged: the zombie test reads them.
+        cmd.env("RECONCILER_LOG", "warn,reconciler::pipeline=debug,reconciler::kafka::consumer=info")
+            .env_remove("FAILPOINTS");
+        if let Some(f) = failpoints {
+            cmd.env("FAILPOINTS", f);
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(out).spawn().unwrap();
+        Instance { child, log: log.to_owned(), ready_file }
+    }
+
+    /// Whether the instance reports itself ready: assigned, every owned
+    /// partition restored and caught up (what `/readyz` answers).
+    pub fn ready(&self) -> bool {
+        std::fs::read_to_string(&self.ready_file).is_ok_and(|s| s == "ready")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
+    /// Whether it died of a crash point (SIGABRT). Panics if it exited any
+    /// other way (a pipeline error is a failure, not an injected crash).
+    pub fn crashed(&mut self) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        match self.exited() {
+            None => false,
+            Some(s) if s.signal() == Some(6) => true,
+            Some(s) => panic!("the instance exited with {s:?}, not at a crash point; log:\n{}", self.log_tail()),
+        }
+    }
+
+    /// `kill -9`.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        self.child.wait().unwrap();
+    }
+
+    /// `kill -TERM` and wait: the instance finishes its batch and exits 0.
+    pub fn stop(mut self) {
+        signal(self.child.id(), "TERM");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "SIGTERM exits 0, got {status:?}; log:\n{}", tail(&self.log));
+    }
+
+    /// The last lines of the log, last first.
+    pub fn log_tail(&self) -> String {
+        tail(&self.log)
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A suffix no other instance of this test run uses.
+fn unique_suffix() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::SeqCst).to_string()
+}
+
+/// Sends a signal by name (`kill -NAME pid`), without a libc dependency.
+pub fn signal(pid: u32, name: &str) {
+    Command::new("kill").args([&format!("-{name}"), &pid.to_string()]).status().unwrap();
+}
+
+pub fn tail(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_default().lines().rev().take(25).collect::<Vec<_>>().join("\n")
+}
