@@ -162,8 +162,20 @@ impl Run {
 
     /// I4 with the instance running, then stops it and checks I1–I3.
     fn settle_and_check(&self, running: Vec<Instance>, state_dirs: &[&Path]) -> Figures {
+        // Settled also means the running instances own every partition: the
+        // local broker keeps a crashed member in the group until the next
+        // join (see `nudge_group`), and an instance started right after a
+        // crash can be left with nothing while the dead member's committed
+        // offsets already look caught up.
+        let partitions = self.cfg.topics.partitions as usize;
+        let mut last_nudge = Instant::now();
         let settled = check::wait_settled(&self.cfg, self.verdicts, Duration::from_secs(120), || {
-            running.iter().all(Instance::ready)
+            let owned: usize = running.iter().map(Instance::owned).sum();
+            if owned < partitions && last_nudge.elapsed() >= Duration::from_secs(3) {
+                nudge_group(&self.cfg);
+                last_nudge = Instant::now();
+            }
+            owned == partitions && running.iter().all(Instance::ready)
         });
         let tails: Vec<String> = running.iter().map(Instance::log_tail).collect();
         for i in running {

@@ -264,7 +264,7 @@ pub fn output_topics(cfg: &Config) -> [&str; 4] {
 /// instances report themselves ready (`ready`), and this stays so
 /// for a quiet second (a late timer event would move the end). Returns
 /// whether that happened within `timeout`.
-pub fn wait_settled(cfg: &Config, verdicts: usize, timeout: Duration, ready: impl Fn() -> bool) -> bool {
+pub fn wait_settled(cfg: &Config, verdicts: usize, timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
     let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts], cfg.topics.partitions).unwrap();
     let until = Instant::now() + timeout;
     let mut quiet_since: Option<(Instant, BTreeMap<i32, i64>)> = None;

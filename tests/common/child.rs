@@ -77,7 +77,8 @@ pub fn child_main() {
     if let Some(file) = std::env::var_os(CHILD_READY_FILE) {
         let metrics = p.metrics();
         std::thread::spawn(move || loop {
-            let _ = std::fs::write(&file, if metrics.readiness().ready { "ready" } else { "not ready" });
+            let r = metrics.readiness();
+            let _ = std::fs::write(&file, format!("{} {}", if r.ready { "ready" } else { "not ready" }, r.partitions));
             std::thread::sleep(std::time::Duration::from_millis(100)); // a sampling period
         });
     }
@@ -118,7 +119,15 @@ impl Instance {
     /// Whether the instance reports itself ready: assigned, every owned
     /// partition restored and caught up (what `/readyz` answers).
     pub fn ready(&self) -> bool {
-        std::fs::read_to_string(&self.ready_file).is_ok_and(|s| s == "ready")
+        std::fs::read_to_string(&self.ready_file).is_ok_and(|s| s.starts_with("ready "))
+    }
+
+    /// How many input partitions the instance owns, as it last reported.
+    pub fn owned(&self) -> usize {
+        std::fs::read_to_string(&self.ready_file)
+            .ok()
+            .and_then(|s| s.rsplit(' ').next().and_then(|n| n.parse().ok()))
+            .unwrap_or(0)
     }
 
     pub fn pid(&self) -> u32 {
