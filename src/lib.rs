@@ -19,6 +19,7 @@
 //! - [`pipeline`]: the run loop wiring them together, and the timer wheel.
 //! - [`config`], [`cli`]: configuration and command line.
 //! - [`demo`], [`report`]: the demo workload and its summary.
+//! - [`loadgen`]: seeded fault-injecting workload, ground truth, checker, benchmark baseline.
 
 pub mod cli;
 pub mod codec;
@@ -26,6 +27,7 @@ pub mod config;
 pub mod core;
 pub mod demo;
 pub mod kafka;
+pub mod loadgen;
 pub mod pipeline;
 pub mod report;
 pub mod store;

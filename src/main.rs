@@ -11,7 +11,7 @@ use clap::Parser;
 use reconciler::cli::{Cli, Command, LogFormat};
 use reconciler::config::Config;
 use reconciler::pipeline::{system_clock, Pipeline};
-use reconciler::{demo, report};
+use reconciler::{demo, loadgen, report};
 
 /// Logs go to stderr; RECONCILER_LOG (an EnvFilter) overrides `default`.
 fn init_logging(format: LogFormat, default: &str) {
@@ -73,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Loadgen { action, args } => Ok(loadgen::command(&cfg, action, &args)?),
     }
 }
 
