@@ -249,6 +249,9 @@ pub struct Options {
     /// How many units are in flight at once (interleaving).
     pub interleave: usize,
     pub faults: Faults,
+    /// Keep each operation's expected verdicts in the truth (off for huge
+    /// runs that only need the counts: the map grows with the operations).
+    pub keep_verdicts: bool,
 }
 
 impl Options {
@@ -268,6 +271,7 @@ impl Options {
             reorder_window_ms: crate::core::Policy::default().reorder_window_ms,
             interleave: 8,
             faults: Faults::default(),
+            keep_verdicts: true,
         }
     }
 }
@@ -703,7 +707,7 @@ impl Generator {
                     newer.observed(Some(3), 2, newer_version, "r2"),
                     b.observed(Some(3), 3, version, "r1"),
                 ];
-                self.truth.expect_verdicts(&newer.id, &[v(O::Correct, A::None)]);
+                self.truth.expect_verdicts(&newer.id, &[v(O::Correct, A::None)], self.opts.keep_verdicts);
                 self.ops_made += 1;
                 // The older effect is what was asked for: correct, but flagged.
                 expected.push(v(O::Correct, A::None));
@@ -732,7 +736,7 @@ impl Generator {
             self.truth.latest_due_ms = self.truth.latest_due_ms.max(t);
         }
         if story != Story::Orphan {
-            self.truth.expect_verdicts(&op_id, &expected);
+            self.truth.expect_verdicts(&op_id, &expected, self.opts.keep_verdicts);
         }
         self.ops_made += 1;
         self.truth.events += evs.len() as u64;

@@ -97,10 +97,12 @@ impl GroundTruth {
         }
     }
 
-    pub(crate) fn expect_verdicts(&mut self, operation_id: &str, verdicts: &[Expected]) {
+    pub(crate) fn expect_verdicts(&mut self, operation_id: &str, verdicts: &[Expected], keep: bool) {
         self.verdict_count += verdicts.len() as u64;
         self.timer_verdicts += verdicts.iter().filter(|v| v.needs_timer).count() as u64;
-        self.verdicts.insert(operation_id.to_owned(), verdicts.iter().map(Expected::label).collect());
+        if keep {
+            self.verdicts.insert(operation_id.to_owned(), verdicts.iter().map(Expected::label).collect());
+        }
     }
 
     pub(crate) fn expect_anomaly(&mut self, kind: AnomalyKind, needs_timer: bool) {

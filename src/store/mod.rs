@@ -16,6 +16,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::{EntityState, OperationState};
 
+/// RocksDB memory budget (`[store]` in the config). Index and filter
+/// blocks live in the block cache, and memtables share one budget, so the
+/// store's memory is bounded by these two numbers whatever it holds on disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tuning {
+    /// Block cache (data, index and filter blocks), in MiB.
+    pub block_cache_mb: usize,
+    /// All memtables of all column families together, in MiB.
+    pub write_buffer_mb: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning { block_cache_mb: 64, write_buffer_mb: 64 }
+    }
+}
+
 /// A record to publish, exactly as it will go to the broker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboxRecord {
