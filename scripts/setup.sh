@@ -1,21 +1,61 @@
 #!/usr/bin/env bash
 # Installs what building and testing need on a fresh machine, skipping what
-# is already there: libclang (bindgen for RocksDB), fastavro (the interop
-# test's independent Avro implementation) and the local broker.
+# is already there.
+#
+#   scripts/setup.sh           build packages and the local broker (demo)
+#   scripts/setup.sh --tests   the same plus what the test suite needs
+#   scripts/setup.sh --build   build packages only (the Dockerfile's builder)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export PATH="$HOME/.cargo/bin:$PATH"
+mode=${1:-}
 
-if ! dpkg -s libclang-dev >/dev/null 2>&1; then
-  echo "Installing libclang-dev (bindgen needs it for RocksDB)..."
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-dev >/dev/null
-fi
+# Debian packages the release build needs: libclang (bindgen for RocksDB),
+# a C++ compiler and make (RocksDB, librdkafka), OpenSSL and zlib headers
+# (librdkafka's TLS and compression).
+BUILD_PACKAGES="libclang-dev g++ make pkg-config libssl-dev zlib1g-dev"
 
-if [ "${1:-}" = "--tests" ] && ! python3 -c "import fastavro" >/dev/null 2>&1; then
-  echo "Installing fastavro (interop tests)..."
-  python3 -m pip install --quiet --disable-pip-version-check fastavro
+# Installs the Debian packages of "$@" that are missing.
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "Installing ${missing[*]}..."
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+apt_install $BUILD_PACKAGES
+[ "$mode" = "--build" ] && exit 0
+
+if [ "$mode" = "--tests" ]; then
+  # fastavro: the interop test's independent Avro implementation.
+  if ! python3 -c "import fastavro" >/dev/null 2>&1; then
+    echo "Installing fastavro (interop tests)..."
+    python3 -m pip install --quiet --disable-pip-version-check fastavro
+  fi
+  # promtool (Debian's prometheus package) checks the alert rules; the
+  # panel's browser test drives Debian's Chromium through playwright-core;
+  # Node.js also reads the deployment files' YAML (tests/deploy.rs).
+  missing=()
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+  # npm packages: the browser test's playwright-core (it downloads no
+  # browser of its own), and the deployment checks' YAML parser and the
+  # Compose specification's JSON schema. Reinstalled when a lock file
+  # is newer than what is installed.
+  for dir in tests/browser tests/deploy; do
+    lock="$ROOT/$dir/package-lock.json"
+    stamp="$ROOT/$dir/node_modules/.package-lock.json"
+    if [ ! -f "$stamp" ] || [ "$lock" -nt "$stamp" ]; then
+      echo "Installing the npm packages of $dir (npm ci)..."
+      (cd "$ROOT/$dir" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 fi
 
 "$ROOT/scripts/broker.sh" install

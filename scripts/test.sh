@@ -12,6 +12,8 @@ scripts/setup.sh --tests
 # Style and lints first: they fail in seconds, the suite takes minutes.
 cargo fmt --check
 cargo clippy --release --locked --all-targets -- -D warnings
+# The binary as the demo and the container image build it.
+scripts/build.sh >/dev/null
 
 export BROKER_PORT=${BROKER_PORT:-19092}
 scripts/broker.sh start sqlite

@@ -2,7 +2,11 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::core::event::Decision;
+use crate::operator::commands::parse_position;
+use crate::operator::render::parse_duration;
 
 /// Proves whether asynchronous work really happened: consumes operation
 /// lifecycle events from Kafka and publishes verdicts, anomalies and dead
@@ -43,6 +47,13 @@ pub enum Command {
         #[arg(long)]
         group_id: Option<String>,
     },
+    /// Print the effective configuration (defaults, then the file, then
+    /// RECONCILER_* variables, then flags) as TOML and exit; fails naming the
+    /// field when a value is invalid. Checks a deployment's settings without
+    /// connecting to anything.
+    ///
+    /// Example: RECONCILER_CONSUMER__GROUP_ID=recon-eu reconciler config --config reconciler.toml
+    Config,
     /// Publish a workload with every kind of fault to a local broker, run the
     /// pipeline until the verdicts settle, print a summary.
     ///
@@ -66,6 +77,153 @@ pub enum Command {
         #[command(flatten)]
         args: crate::loadgen::LoadgenArgs,
     },
+    /// Explain one operation: state, expected vs observed evidence, timeline.
+    ///
+    /// The timeline lists every record received for the operation in arrival
+    /// order, with partition/offset, deliveries, what was held or flagged and
+    /// each verdict. Works beside a running `reconciler run`.
+    ///
+    /// Example: reconciler explain op-452 --state-dir /var/lib/reconciler
+    Explain {
+        /// The operation_id.
+        operation_id: String,
+        #[command(flatten)]
+        view: ViewArgs,
+    },
+    /// The manual-review queue, oldest first.
+    ///
+    /// Shows age, entity, type, outcome, recommended action and reason.
+    ///
+    /// Example: reconciler review --type sync_customer --older-than 2h
+    Review {
+        /// Only this operation type.
+        #[arg(long = "type")]
+        operation_type: Option<String>,
+        /// Only cases in review at least this long (500ms, 30s, 10m, 2h, 3d).
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Option<i64>,
+        #[command(flatten)]
+        view: ViewArgs,
+    },
+    /// Decide a review case by publishing a ManualDecision event.
+    ///
+    /// The state changes only when the pipeline consumes the event. Refused
+    /// when the decision is not allowed in the operation's state.
+    ///
+    /// Example: reconciler resolve op-452 --decision confirm --actor ana --note "CRM shows v7" --evidence-checked "crm record"
+    Resolve {
+        /// The operation_id.
+        operation_id: String,
+        #[arg(long, value_enum)]
+        decision: DecisionArg,
+        /// Who decides (recorded in the log and the verdict).
+        #[arg(long)]
+        actor: String,
+        /// Why (redacted like other free text before it is stored).
+        #[arg(long)]
+        note: String,
+        /// What was checked (repeatable).
+        #[arg(long = "evidence-checked")]
+        evidence_checked: Vec<String>,
+        #[command(flatten)]
+        view: ViewArgs,
+    },
+    /// Rebuild the state from the input topic into a fresh state directory.
+    ///
+    /// Uses the pipeline's own code, shows progress, prints a summary
+    /// (events, verdicts, anomalies, dead letters, state digest, duration).
+    /// Writes nothing to live topics. Use the live run's configuration: the
+    /// policy (windows, limits) decides the state.
+    ///
+    /// Example: reconciler replay --state-dir /tmp/rebuilt --output-prefix replay1 --diff
+    Replay {
+        /// Fresh directory for the rebuilt state (default: beside state_dir).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Publish outputs to PREFIX.verdicts, PREFIX.anomalies, ... (else discarded).
+        #[arg(long)]
+        output_prefix: Option<String>,
+        /// Compare the replayed verdicts with the live verdict topic (needs --output-prefix).
+        #[arg(long)]
+        diff: bool,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dead letters: inspect them, re-drive them after a fix.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+}
+
+/// Where a reading subcommand finds the state, and how it prints.
+#[derive(Debug, Args)]
+pub struct ViewArgs {
+    /// State directory to read (overrides state_dir).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Show dead letters with their provenance, oldest first.
+    ///
+    /// Example: reconciler dlq inspect --class oversize --limit 20
+    Inspect {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Only this error class (bad_magic, oversize, key_mismatch, ...).
+        #[arg(long)]
+        class: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-publish dead letters to the input topic after a fix.
+    ///
+    /// Key, value and headers go unchanged (the reconciler.* provenance
+    /// headers stripped), marked with a reconciler.redriven.from header.
+    ///
+    /// Example: reconciler dlq redrive --class oversize --dry-run
+    Redrive {
+        /// Only this error class.
+        #[arg(long)]
+        class: Option<String>,
+        /// Only these dead letters, as DLQ PARTITION:OFFSET (repeatable).
+        #[arg(long = "offset", value_parser = parse_position)]
+        offsets: Vec<(i32, i64)>,
+        /// List what would be sent; send nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A manual decision (SPEC §4 ManualDecision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DecisionArg {
+    Confirm,
+    Requeue,
+    Compensate,
+    Close,
+}
+
+impl From<DecisionArg> for Decision {
+    fn from(d: DecisionArg) -> Decision {
+        match d {
+            DecisionArg::Confirm => Decision::Confirm,
+            DecisionArg::Requeue => Decision::Requeue,
+            DecisionArg::Compensate => Decision::Compensate,
+            DecisionArg::Close => Decision::Close,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

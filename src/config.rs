@@ -169,6 +169,62 @@ impl Default for Redaction {
     }
 }
 
+/// The HTTP server inside `run`: metrics, health, the operator API and the
+/// exception panel.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http {
+    /// Address to listen on; "off" (or "") runs no server.
+    pub bind: String,
+    /// Bearer token the endpoints that change state (resolve, redrive)
+    /// require; without one they are disabled. Prefer the environment
+    /// variable RECONCILER_HTTP__TOKEN to writing it in a file.
+    pub token: Option<String>,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Http { bind: "127.0.0.1:9464".into(), token: None }
+    }
+}
+
+impl std::fmt::Debug for Http {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let token = self.token.as_ref().map(|_| "<redacted>");
+        f.debug_struct("Http").field("bind", &self.bind).field("token", &token).finish()
+    }
+}
+
+impl Http {
+    /// The address to listen on, or `None` when the server is off.
+    pub fn bind_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        match self.bind.trim() {
+            "" | "off" => Ok(None),
+            b => b.parse().map(Some).map_err(|e| invalid("http.bind", format!("{b:?} is not an address: {e}"))),
+        }
+    }
+}
+
+/// The Prometheus metrics.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Operation types beyond those under `[types]` that get a label of
+    /// their own; later ones share the label `other` (bounded cardinality).
+    pub max_operation_types: usize,
+    /// How often the state gauges and the lag are refreshed, in ms.
+    pub refresh_ms: u64,
+    /// Most operations per second a refresh reads from the state store
+    /// (bounds its CPU cost on a large store).
+    pub scan_ops_per_sec: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { max_operation_types: 32, refresh_ms: 5000, scan_ops_per_sec: 100_000 }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -189,6 +245,8 @@ pub struct Config {
     pub store: crate::store::Tuning,
     /// Passed to librdkafka verbatim (bootstrap.servers, TLS, SASL, ...).
     pub kafka: BTreeMap<String, String>,
+    pub http: Http,
+    pub metrics: MetricsConfig,
 }
 
 impl Default for Config {
@@ -205,9 +263,14 @@ impl Default for Config {
             redaction: Redaction::default(),
             store: crate::store::Tuning::default(),
             kafka: BTreeMap::from([("bootstrap.servers".to_owned(), "127.0.0.1:9092".to_owned())]),
+            http: Http::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
+
+/// What [`Config::redacted`] shows instead of a secret.
+pub const REDACTED: &str = "[REDACTED]";
 
 fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field: field.to_owned(), reason: reason.into() }
@@ -288,10 +351,39 @@ impl Config {
             }
         }
         Redactor::new(&self.redaction.patterns).map_err(|e| invalid("redaction.patterns", e.to_string()))?;
+        self.http.bind_addr()?;
+        if self.http.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(invalid("http.token", "must not be empty (leave it out to disable resolve and redrive)"));
+        }
+        for (field, v) in [
+            ("metrics.refresh_ms", self.metrics.refresh_ms),
+            ("metrics.scan_ops_per_sec", self.metrics.scan_ops_per_sec),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, "must be positive"));
+            }
+        }
         if !self.kafka.contains_key("bootstrap.servers") {
             return Err(invalid("kafka.bootstrap.servers", "is required"));
         }
         Ok(())
+    }
+
+    /// A copy safe to print: the HTTP token and librdkafka settings that
+    /// carry credentials (passwords, secrets, private keys, JAAS configs)
+    /// are masked.
+    pub fn redacted(&self) -> Config {
+        const SECRET: [&str; 4] = ["password", "secret", "key.pem", "jaas"];
+        let mut cfg = self.clone();
+        for (k, v) in cfg.kafka.iter_mut() {
+            if SECRET.iter().any(|s| k.contains(s)) {
+                *v = REDACTED.to_owned();
+            }
+        }
+        if let Some(t) = cfg.http.token.as_mut() {
+            *t = REDACTED.to_owned();
+        }
+        cfg
     }
 
     /// The core's policy.
@@ -356,6 +448,17 @@ mod tests {
     }
 
     #[test]
+    fn http_bind_and_token_are_checked() {
+        assert_eq!(from_toml("[http]\nbind = \"off\"\n").unwrap().http.bind_addr().unwrap(), None);
+        let err = from_toml("[http]\nbind = \"localhost\"\n").unwrap_err().to_string();
+        assert!(err.contains("http.bind"), "{err}");
+        let err = from_toml("[http]\ntoken = \" \"\n").unwrap_err().to_string();
+        assert!(err.contains("http.token"), "{err}");
+        let cfg = from_toml("[http]\ntoken = \"s3cret\"\n").unwrap();
+        assert!(!format!("{cfg:?}").contains("s3cret"), "the token never shows in a debug print");
+    }
+
+    #[test]
     fn kafka_keys_pass_through_and_types_apply() {
         let cfg = from_toml(
             "[kafka]\n\"bootstrap.servers\" = \"k:9093\"\n\"security.protocol\" = \"SASL_SSL\"\n[types.sync_customer]\nconfirm_within_ms = 1000\n",
@@ -363,5 +466,18 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.kafka["security.protocol"], "SASL_SSL");
         assert_eq!(cfg.policy().confirm_within("sync_customer", None), 1000);
+    }
+
+    #[test]
+    fn redacted_masks_credentials_only() {
+        let cfg = from_toml(
+            "[kafka]\n\"bootstrap.servers\" = \"k:9093\"\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.pem\" = \"PEM\"\n",
+        )
+        .unwrap();
+        let cfg = Config { http: Http { token: Some("t0k3n".into()), ..Http::default() }, ..cfg }.redacted();
+        assert_eq!(cfg.http.token.as_deref(), Some("[REDACTED]"));
+        assert_eq!(cfg.kafka["sasl.password"], "[REDACTED]");
+        assert_eq!(cfg.kafka["ssl.key.pem"], "[REDACTED]");
+        assert_eq!(cfg.kafka["bootstrap.servers"], "k:9093");
     }
 }

@@ -17,6 +17,9 @@
 //! - [`store`]: RocksDB state, timer index, offsets and outbox, written atomically.
 //! - [`kafka`]: consumer-group member, acknowledged publisher, topic admin, reader.
 //! - [`pipeline`]: the run loop wiring them together, and the timer wheel.
+//! - [`operator`]: explain, review, resolve, replay, DLQ re-drive (the operator's tools).
+//! - [`metrics`]: Prometheus metrics; [`http`]: metrics, health, operator API
+//!   and the exception panel over HTTP.
 //! - [`config`], [`cli`]: configuration and command line.
 //! - [`demo`], [`report`]: the demo workload and its summary.
 //! - [`loadgen`]: seeded fault-injecting workload, ground truth, checker, benchmark baseline.
@@ -26,8 +29,11 @@ pub mod codec;
 pub mod config;
 pub mod core;
 pub mod demo;
+pub mod http;
 pub mod kafka;
 pub mod loadgen;
+pub mod metrics;
+pub mod operator;
 pub mod pipeline;
 pub mod report;
 pub mod store;

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use reconciler::cli::{Cli, Command, LogFormat};
+use reconciler::cli::{Cli, Command, DlqCommand, LogFormat};
 use reconciler::config::Config;
+use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
 use reconciler::pipeline::{system_clock, Pipeline};
-use reconciler::{demo, loadgen, report};
+use reconciler::{demo, http, loadgen, report};
 
 /// Logs go to stderr; RECONCILER_LOG (an EnvFilter) overrides `default`.
 fn init_logging(format: LogFormat, default: &str) {
@@ -52,8 +53,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .context("installing signal handlers")?;
                 signal_hook::flag::register(sig, shutdown.clone()).context("installing signal handlers")?;
             }
-            let mut pipeline = Pipeline::new(cfg, system_clock()).context("starting the pipeline")?;
+            let bind = cfg.http.bind_addr()?;
+            let mut pipeline = Pipeline::new(cfg.clone(), system_clock()).context("starting the pipeline")?;
+            let _server = match bind {
+                Some(addr) => Some(http::Server::start(addr, http::AppState::of(&pipeline, cfg, system_clock()))?),
+                None => None,
+            };
             pipeline.run(&shutdown)?;
+            Ok(())
+        }
+        Command::Config => {
+            print!("{}", toml::to_string(&cfg.redacted()).context("printing the configuration")?);
             Ok(())
         }
         Command::Demo { copies, timeout_secs } => {
@@ -73,14 +83,62 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Explain { operation_id, view } => {
+            set_state_dir(&mut cfg, view.state_dir);
+            print!("{}", commands::explain_cmd(&cfg, &operation_id, view.json)?);
+            Ok(())
+        }
+        Command::Review { operation_type, older_than, view } => {
+            set_state_dir(&mut cfg, view.state_dir);
+            let filter = ReviewFilter { operation_type, older_than_ms: older_than, ..Default::default() };
+            print!("{}", commands::review_cmd(&cfg, &filter, view.json)?);
+            Ok(())
+        }
+        Command::Resolve { operation_id, decision, actor, note, evidence_checked, view } => {
+            set_state_dir(&mut cfg, view.state_dir);
+            let req = ResolveRequest { operation_id, decision: decision.into(), actor, note, evidence_checked };
+            print!("{}", commands::resolve_cmd(&cfg, &req, view.json)?);
+            Ok(())
+        }
+        Command::Replay { state_dir, output_prefix, diff, json } => {
+            let state_dir = state_dir.unwrap_or_else(|| commands::default_replay_dir(&cfg.state_dir));
+            let interrupt = Arc::new(AtomicBool::new(false));
+            for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+                signal_hook::flag::register(sig, interrupt.clone()).context("installing signal handlers")?;
+            }
+            let opts = ReplayOptions { state_dir, output_prefix, diff };
+            print!("{}", commands::replay_cmd(&cfg, &opts, &interrupt, json)?);
+            Ok(())
+        }
+        Command::Dlq { command: DlqCommand::Inspect { limit, class, json } } => {
+            let filter = DlqFilter { class, positions: Vec::new(), limit: Some(limit) };
+            print!("{}", commands::dlq_inspect_cmd(&cfg, &filter, json)?);
+            Ok(())
+        }
+        Command::Dlq { command: DlqCommand::Redrive { class, offsets, dry_run, json } } => {
+            let filter = DlqFilter { class, positions: offsets, limit: None };
+            print!("{}", commands::dlq_redrive_cmd(&cfg, &filter, dry_run, json)?);
+            Ok(())
+        }
         Command::Loadgen { action, args } => Ok(loadgen::command(&cfg, action, &args)?),
+    }
+}
+
+fn set_state_dir(cfg: &mut Config, dir: Option<std::path::PathBuf>) {
+    if let Some(d) = dir {
+        cfg.state_dir = d;
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo's output is its summary; the pipeline's own lines would bury it.
-    let default = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
+    // Operator tools print their result on stdout; their logs would clutter it.
+    let default = match cli.command {
+        Command::Run { .. } => "info",
+        Command::Resolve { .. } | Command::Dlq { command: DlqCommand::Redrive { .. } } => "info",
+        _ => "warn",
+    };
     init_logging(cli.log_format, default);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

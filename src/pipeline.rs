@@ -16,6 +16,8 @@ use crate::core::{self, Disposition, EntityState, Event, OperationState, Output,
 use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::producer::Publisher;
 use crate::kafka::{admin, KafkaError, Record};
+use crate::metrics::{self, Metrics, Readiness};
+use crate::operator::timeline::{Arrival, Recorder};
 use crate::store::{Batch, OutboxRecord, Store, StoreError};
 
 /// Why the pipeline stopped.
@@ -67,7 +69,10 @@ pub struct Pipeline {
     /// previous run) already wrote. Past it the partition stays caught up
     /// whatever new traffic arrives.
     catch_up: BTreeMap<i32, Option<i64>>,
+    /// Outputs are stored but never published (`replay` without scratch topics).
+    discard_outputs: bool,
     pub stats: Stats,
+    metrics: Arc<Metrics>,
 }
 
 /// Room for the provenance headers on top of the largest accepted record.
@@ -111,7 +116,9 @@ impl Pipeline {
         let store = Arc::new(Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?);
         let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?;
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
+        let metrics = Arc::new(Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types));
         Ok(Pipeline {
+            metrics,
             policy: cfg.policy(),
             cfg,
             codec: Codec::new(),
@@ -121,12 +128,31 @@ impl Pipeline {
             clock,
             fired: HashSet::new(),
             catch_up: BTreeMap::new(),
+            discard_outputs: false,
             stats: Stats::default(),
         })
     }
 
+    /// The metrics of this pipeline (for the HTTP server).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// The state store (read by the operator API while the loop runs).
+    pub fn store(&self) -> Arc<Store> {
+        self.store.clone()
+    }
+
+    /// Never publish outputs (verdicts, anomalies, commands, dead letters):
+    /// a replay that only rebuilds state must not write to live topics.
+    pub fn discard_outputs(&mut self) {
+        self.discard_outputs = true;
+    }
+
     /// Runs until `shutdown` is set; the batch in hand is finished first.
     pub fn run(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        let source = metrics::sampler::Source::new(&self.cfg, &self.store, &self.consumer.assignment, &self.clock);
+        let _sampler = metrics::Sampler::start(self.metrics.clone(), source);
         self.republish_outbox(shutdown)?;
         let wait = Duration::from_millis(self.cfg.consumer.batch_wait_ms);
         let timer_every = Duration::from_millis(self.cfg.time.timer_interval_ms);
@@ -159,6 +185,7 @@ impl Pipeline {
         let (first, last) = (pending[0].0, pending[pending.len() - 1].0);
         self.publish_with_retry(pending.iter().map(|(_, r)| r).collect(), shutdown)?;
         self.store.ack_outbox(first..last + 1)?;
+        self.metrics.outbox_republished(pending.len());
         Ok(())
     }
 
@@ -170,6 +197,7 @@ impl Pipeline {
             match self.publisher.publish_all(records.iter().map(|r| (*r, None))) {
                 Ok(_) => return Ok(()),
                 Err(e) if !shutdown.load(Ordering::SeqCst) => {
+                    self.metrics.publish_retry();
                     warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "Publishing outputs failed; retrying");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -214,6 +242,7 @@ impl Pipeline {
         let mut entities: HashMap<(i32, String), EntityState> = HashMap::new();
         let mut batch = Batch::default();
         let mut outputs = Vec::new();
+        let mut timeline = Recorder::default();
         let mut touched: BTreeMap<i32, i64> = BTreeMap::new();
         for r in &records {
             let Some(expected) = next.get(&r.partition).copied() else { continue };
@@ -228,6 +257,7 @@ impl Pipeline {
                 Err(e) => {
                     debug!(partition = r.partition, offset = r.offset, class = e.class(), error = %e, "Dead-lettering a record");
                     *self.stats.dead_letters.entry(e.class()).or_default() += 1;
+                    self.metrics.dead_letter(e.class());
                     batch.publish(dead_letter(&self.cfg.topics.dlq, r, &e));
                     continue;
                 }
@@ -248,12 +278,17 @@ impl Pipeline {
             let slot = &mut ops.get_mut(&op_key).expect("inserted above").1;
             let entity = entities.get_mut(&ent_key).expect("inserted above");
             let pos = SourcePos { partition: p, offset: r.offset };
+            let arrival = Arrival::of(&ev, pos, &self.policy);
+            let failed = metrics::failure_class(&ev.body);
             let d = core::apply(&self.policy, slot, entity, ev, pos, &mut outputs);
+            self.metrics.event(d, failed, slot.as_ref());
+            timeline.record(&self.store, arrival, d, &outputs, slot.is_some())?;
             *self.stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if d == Disposition::Held {
-                debug!(operation_id = %op_key.1, partition = p, offset = r.offset, "Event held for reordering");
+                debug!(operation_id = %op_key.1, entity_id = %ent_key.1, partition = p, offset = r.offset, "Event held for reordering");
             }
             for o in outputs.drain(..) {
+                self.metrics.output(&o);
                 match &o {
                     Output::Verdict(v) => {
                         self.stats.verdicts += 1;
@@ -281,11 +316,14 @@ impl Pipeline {
         for (p, n) in &touched {
             batch.set_offset(*p, *n);
         }
+        timeline.write_to(&mut batch);
         let to_publish = batch.outbox.clone();
         let applied = started.elapsed();
         let seqs = self.store.commit(batch)?;
         let stored = started.elapsed();
-        self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        if !self.discard_outputs {
+            self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
+        }
         let published = started.elapsed();
         self.store.ack_outbox(seqs)?;
         {
@@ -298,6 +336,7 @@ impl Pipeline {
         }
         self.consumer.commit_for_visibility(&touched);
         self.stats.batches += 1;
+        self.metrics.batch(records.len(), started.elapsed());
         debug!(
             records = records.len(),
             outputs = to_publish.len(),
@@ -332,19 +371,21 @@ impl Pipeline {
     /// deadline events may still be ahead in the log.
     fn fire_timers(&mut self) -> Result<(), PipelineError> {
         let now = (self.clock)();
-        let owned = {
+        let (owned, received) = {
             let mut a = self.consumer.assignment.lock().expect("not poisoned");
             for p in std::mem::take(&mut a.assigned) {
                 self.catch_up.remove(&p);
             }
-            a.owned.clone()
+            (a.owned.clone(), a.received)
         };
         self.catch_up.retain(|p, _| owned.contains_key(p));
         let mut events = Vec::new();
+        let mut readiness = Readiness { assigned: received, partitions: owned.len(), ..Readiness::default() };
         for (p, next) in owned {
             if !self.caught_up(p, next) {
                 continue;
             }
+            readiness.restored += 1;
             for t in self.store.due_timers(p, now, 10_000)? {
                 if self.fired.contains(&(t.operation_id.clone(), t.at)) {
                     continue;
@@ -356,9 +397,13 @@ impl Pipeline {
                     value: Some(self.codec.encode_event(&ev)?),
                     headers: Vec::new(),
                 };
+                debug!(operation_id = %t.operation_id, entity_id = %t.entity_id, due = t.at, "Timer due");
                 events.push((rec, p, (t.operation_id, t.at)));
             }
         }
+        // The outbox was re-published before the loop began.
+        readiness.ready = received && readiness.restored == readiness.partitions;
+        self.metrics.set_readiness(readiness);
         if events.is_empty() {
             return Ok(());
         }
@@ -368,6 +413,7 @@ impl Pipeline {
         // Only once acknowledged: a failed firing is retried next tick.
         self.fired.extend(events.iter().map(|(_, _, k)| k.clone()));
         self.stats.timers_fired += events.len() as u64;
+        self.metrics.timers_fired(events.len());
         debug!(count = events.len(), "Timers fired");
         Ok(())
     }

@@ -420,6 +420,8 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
         Command::new(env!("CARGO_BIN_EXE_reconciler"))
             .args(["--config", config_file.to_str().unwrap(), "run"])
             .env("RECONCILER_LOG", "warn")
+            // Any free port: several runs may share the machine.
+            .env("RECONCILER_HTTP__BIND", "127.0.0.1:0")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

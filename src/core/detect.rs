@@ -19,6 +19,7 @@ pub const MAX_NAMED_MISSING: usize = 100;
 
 /// How one input event was accounted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Disposition {
     /// Applied to the operation's state.
     Applied,

@@ -58,6 +58,20 @@ pub enum Decision {
     Close,
 }
 
+impl Decision {
+    pub const ALL: [Decision; 4] = [Decision::Confirm, Decision::Requeue, Decision::Compensate, Decision::Close];
+
+    /// The schema symbol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Confirm => "CONFIRM",
+            Decision::Requeue => "REQUEUE",
+            Decision::Compensate => "COMPENSATE",
+            Decision::Close => "CLOSE",
+        }
+    }
+}
+
 /// The expectation recorded when the operation is requested.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Requested {

@@ -18,6 +18,6 @@ pub mod verdict;
 
 pub use detect::{apply, Disposition};
 pub use event::{Body, Event, SourcePos};
-pub use operation::{EntityState, OperationState};
+pub use operation::{DecisionRefusal, EntityState, OperationState};
 pub use output::{Action, Anomaly, AnomalyKind, Outcome, Output, RepairCommand, Status, Verdict};
 pub use policy::{Policy, TypePolicy};

@@ -108,7 +108,49 @@ pub struct EntityState {
     pub confirmed_version: Option<i64>,
 }
 
+/// Why a manual decision cannot be applied to an operation. The operator
+/// tools check a decision with [`OperationState::check_decision`] before
+/// publishing it, and the core refuses the same decisions when it consumes
+/// them: one rule, in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionRefusal {
+    /// Decisions apply only to operations waiting in manual review.
+    NotInReview { status: Status },
+    /// SPEC §6: COMPENSATE belongs to a DUPLICATE_EFFECT verdict only; other
+    /// wrong effects are undone by a `Compensated` business event.
+    CompensateWithoutDuplicate { last: Option<Outcome> },
+}
+
+impl std::fmt::Display for DecisionRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecisionRefusal::NotInReview { status } => write!(
+                f,
+                "the operation is in state {}; manual decisions apply only to operations in MANUAL_REVIEW",
+                status.as_str()
+            ),
+            DecisionRefusal::CompensateWithoutDuplicate { last } => write!(
+                f,
+                "COMPENSATE is allowed only after a DUPLICATE_EFFECT verdict; the last verdict is {}",
+                last.map_or("none", |o| o.as_str())
+            ),
+        }
+    }
+}
+
 impl OperationState {
+    /// Whether `decision` may be applied now (see [`DecisionRefusal`]).
+    pub fn check_decision(&self, decision: Decision) -> Result<(), DecisionRefusal> {
+        if self.status != Status::ManualReview {
+            return Err(DecisionRefusal::NotInReview { status: self.status });
+        }
+        let last = self.last_verdict.as_ref().map(|v| v.outcome);
+        if decision == Decision::Compensate && last != Some(Outcome::DuplicateEffect) {
+            return Err(DecisionRefusal::CompensateWithoutDuplicate { last });
+        }
+        Ok(())
+    }
+
     /// A new, not yet requested operation, named by its first event.
     pub fn new(ev: &Event) -> Self {
         OperationState {
@@ -267,13 +309,7 @@ impl OperationState {
                 self.verdict(policy, ev, pos, Outcome::NotApplicable, Action::Close, reason, out);
             }
             Body::ManualDecision { actor, decision, note, evidence_checked } => {
-                if status != Status::ManualReview {
-                    return false;
-                }
-                let last = self.last_verdict.as_ref().map(|v| v.outcome);
-                // SPEC §6: COMPENSATE belongs to DUPLICATE_EFFECT only; other
-                // wrong effects are undone by a Compensated business event.
-                if *decision == Decision::Compensate && last != Some(Outcome::DuplicateEffect) {
+                if self.check_decision(*decision).is_err() {
                     return false;
                 }
                 self.manual = Some(ManualDecisionRecord {

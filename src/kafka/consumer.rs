@@ -29,6 +29,9 @@ pub struct Assignment {
     /// A rebalance step failed: the instance must stop rather than run
     /// with an assignment it does not really have.
     pub fatal: Option<String>,
+    /// The group has handed this member an assignment (possibly empty) at
+    /// least once: before that it cannot be ready.
+    pub received: bool,
 }
 
 /// Seeks assigned partitions to the offsets in the store.
@@ -45,6 +48,7 @@ impl ConsumerContext for GroupContext {
         let mut a = self.assignment.lock().expect("not poisoned");
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                a.received = true;
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 for p in partitions {
                     let next = match self.store.next_offset(p) {

@@ -16,17 +16,23 @@ pub struct TopicReader {
     pub records: Vec<Record>,
 }
 
+/// A consumer that only reads assigned partitions (no group membership,
+/// no commits).
+fn reader_client(kafka: &BTreeMap<String, String>) -> Result<BaseConsumer, KafkaError> {
+    let group = format!("reconciler-reader-{}", std::process::id());
+    client_config(
+        &CONSUMER_DEFAULTS,
+        kafka,
+        &[("group.id", group.as_str()), ("enable.auto.commit", "false"), ("enable.partition.eof", "false")],
+    )
+    .create()
+    .map_err(KafkaError::client("creating a reader"))
+}
+
 impl TopicReader {
     /// Reads `topics` (each with `partitions` partitions) from offset 0.
     pub fn new(kafka: &BTreeMap<String, String>, topics: &[&str], partitions: i32) -> Result<Self, KafkaError> {
-        let group = format!("reconciler-reader-{}", std::process::id());
-        let consumer: BaseConsumer = client_config(
-            &CONSUMER_DEFAULTS,
-            kafka,
-            &[("group.id", group.as_str()), ("enable.auto.commit", "false"), ("enable.partition.eof", "false")],
-        )
-        .create()
-        .map_err(KafkaError::client("creating a reader"))?;
+        let consumer = reader_client(kafka)?;
         let mut tpl = TopicPartitionList::new();
         for t in topics {
             for p in 0..partitions {
@@ -57,4 +63,92 @@ impl TopicReader {
     pub fn of<'a>(&'a self, topic: &'a str) -> impl Iterator<Item = &'a Record> + 'a {
         self.records.iter().filter(move |r| r.topic == topic)
     }
+}
+
+/// The partitions of `topic` and the (low, high) watermarks of each.
+pub fn watermarks(kafka: &BTreeMap<String, String>, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, KafkaError> {
+    let consumer: BaseConsumer = client_config(&CONSUMER_DEFAULTS, kafka, &[("group.id", "reconciler-watermarks")])
+        .create()
+        .map_err(KafkaError::client("creating a metadata client"))?;
+    watermarks_with(&consumer, topic)
+}
+
+fn watermarks_with(consumer: &BaseConsumer, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, KafkaError> {
+    let timeout = Duration::from_secs(10);
+    let md =
+        consumer.fetch_metadata(Some(topic), timeout).map_err(KafkaError::client(format!("metadata of {topic}")))?;
+    let t = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .ok_or_else(|| KafkaError::Other(format!("topic {topic} not found")))?;
+    if let Some(e) = t.error() {
+        return Err(KafkaError::Other(format!("topic {topic}: {:?}", rdkafka::error::RDKafkaErrorCode::from(e))));
+    }
+    let mut out = BTreeMap::new();
+    for p in t.partitions() {
+        let marks = consumer
+            .fetch_watermarks(topic, p.id(), timeout)
+            .map_err(KafkaError::client(format!("watermarks of {topic}/{}", p.id())))?;
+        out.insert(p.id(), marks);
+    }
+    Ok(out)
+}
+
+/// Every record of `topic` up to the high watermarks at the time of the
+/// call, in (partition, offset) order. Fails if they cannot all be read
+/// within `timeout`.
+pub fn read_to_end(
+    kafka: &BTreeMap<String, String>,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<Record>, KafkaError> {
+    let consumer = reader_client(kafka)?;
+    let marks = watermarks_with(&consumer, topic)?;
+    let mut tpl = TopicPartitionList::new();
+    let mut left: BTreeMap<i32, i64> = BTreeMap::new();
+    for (p, (low, high)) in &marks {
+        if high > low {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(*low)).map_err(KafkaError::client("assigning"))?;
+            left.insert(*p, *high);
+        }
+    }
+    let mut out = Vec::new();
+    if left.is_empty() {
+        return Ok(out);
+    }
+    consumer.assign(&tpl).map_err(KafkaError::client("assigning"))?;
+    let until = Instant::now() + timeout;
+    while !left.is_empty() {
+        let rest = until.saturating_duration_since(Instant::now());
+        if rest.is_zero() {
+            return Err(KafkaError::Other(format!(
+                "reading {topic}: partitions {:?} not read to their end within {timeout:?}",
+                left.keys().collect::<Vec<_>>()
+            )));
+        }
+        match consumer.poll(rest.min(Duration::from_millis(200))) {
+            Some(Ok(m)) => {
+                let r = Record::from_message(&m);
+                if left.get(&r.partition).is_some_and(|high| r.offset + 1 >= *high) {
+                    left.remove(&r.partition);
+                }
+                if marks.get(&r.partition).is_some_and(|(_, high)| r.offset < *high) {
+                    out.push(r);
+                }
+            }
+            Some(Err(e)) => return Err(KafkaError::Client { context: format!("reading {topic}"), source: e }),
+            None => {
+                // Only transaction markers may be left before the mark.
+                if let Ok(pos) = consumer.position() {
+                    left.retain(|p, high| match pos.find_partition(topic, *p).map(|e| e.offset()) {
+                        Some(Offset::Offset(o)) => o < *high,
+                        _ => true,
+                    });
+                }
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.partition, r.offset));
+    Ok(out)
 }

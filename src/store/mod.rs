@@ -9,8 +9,10 @@
 
 mod keys;
 mod rocks;
+pub mod timeline;
 
 pub use rocks::{Store, StoreError};
+pub use timeline::{Timeline, TimelineEntry};
 
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +63,11 @@ pub struct Batch {
     pub(crate) timers_added: Vec<(i32, TimerEntry)>,
     pub(crate) offsets: Vec<(i32, i64)>,
     pub(crate) outbox: Vec<OutboxRecord>,
+    /// Timeline entries (written before `ops`: an operation deleted in the
+    /// same batch takes them with it).
+    pub(crate) timeline: Vec<(i32, String, TimelineEntry)>,
+    /// New timeline heads: (partition, operation, entries ever recorded).
+    pub(crate) timeline_heads: Vec<(i32, String, u64)>,
 }
 
 impl Batch {
@@ -104,5 +111,16 @@ impl Batch {
 
     pub fn publish(&mut self, record: OutboxRecord) {
         self.outbox.push(record);
+    }
+
+    /// Records a timeline entry (its ring slot is `entry.ordinal`
+    /// modulo [`timeline::TIMELINE_CAP`]).
+    pub fn add_timeline(&mut self, partition: i32, operation_id: String, entry: TimelineEntry) {
+        self.timeline.push((partition, operation_id, entry));
+    }
+
+    /// Sets how many timeline entries an operation has received in all.
+    pub fn set_timeline_total(&mut self, partition: i32, operation_id: String, total: u64) {
+        self.timeline_heads.push((partition, operation_id, total));
     }
 }

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::keys;
+use super::timeline::{Timeline, TimelineEntry, TIMELINE_CAP};
 use super::{Batch, OutboxRecord, TimerEntry, Tuning};
 use crate::core::{EntityState, OperationState};
 
@@ -19,7 +20,8 @@ const TIMERS: &str = "timers";
 const OFFSETS: &str = "offsets";
 const OUTBOX: &str = "outbox";
 const META: &str = "meta";
-const FAMILIES: [&str; 6] = [OPS, ENTITIES, TIMERS, OFFSETS, OUTBOX, META];
+const TIMELINE: &str = "timeline";
+const FAMILIES: [&str; 7] = [OPS, ENTITIES, TIMERS, OFFSETS, OUTBOX, META, TIMELINE];
 
 /// A store operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,10 @@ pub enum StoreError {
     Corrupt { what: &'static str, source: postcard::Error },
     #[error("state directory {dir} belongs to input topic {found:?}, not {expected:?}")]
     WrongTopic { dir: String, found: String, expected: String },
+    #[error(
+        "state directory {dir} has no column family {family}: it was never opened by this version of `reconciler run`"
+    )]
+    MissingFamily { dir: String, family: &'static str },
 }
 
 /// The durable state of one reconciler instance.
@@ -94,6 +100,39 @@ impl Store {
         Ok(store)
     }
 
+    /// Opens the store in `dir` as a RocksDB secondary instance: a
+    /// read-only view that works while `reconciler run` holds the directory
+    /// (RocksDB allows one writer). `scratch` is the secondary's own
+    /// directory for its info log. Call [`Store::catch_up`] to see writes
+    /// made since.
+    pub fn open_secondary(dir: &Path, scratch: &Path, topic: &str) -> Result<Store, StoreError> {
+        let mut opts = Options::default();
+        // Required by secondary instances: every file stays open.
+        opts.set_max_open_files(-1);
+        let existing = DB::list_cf(&opts, dir)?;
+        if let Some(family) = FAMILIES.iter().find(|f| !existing.iter().any(|e| e == *f)) {
+            return Err(StoreError::MissingFamily { dir: dir.display().to_string(), family });
+        }
+        let db = DB::open_cf_as_secondary(&opts, dir, scratch, FAMILIES)?;
+        let store = Store { db, sync: false, next_outbox_seq: AtomicU64::new(0) };
+        if let Some(found) = store.db.get_cf(store.cf(META), b"topic")? {
+            if found != topic.as_bytes() {
+                return Err(StoreError::WrongTopic {
+                    dir: dir.display().to_string(),
+                    found: String::from_utf8_lossy(&found).into_owned(),
+                    expected: topic.to_owned(),
+                });
+            }
+        }
+        Ok(store)
+    }
+
+    /// A secondary instance: reads what the primary wrote since the last call.
+    pub fn catch_up(&self) -> Result<(), StoreError> {
+        self.db.try_catch_up_with_primary()?;
+        Ok(())
+    }
+
     fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
         self.db.cf_handle(name).expect("column families are created at open")
     }
@@ -139,16 +178,85 @@ impl Store {
 
     /// Every operation of `partition` (for explain, review and digests).
     pub fn ops_of(&self, partition: i32) -> Result<Vec<OperationState>, StoreError> {
-        let prefix = keys::partition_prefix(partition);
         let mut out = Vec::new();
+        self.scan_ops(partition, |op| {
+            out.push(op);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Visits the operations of `partition` one at a time, without holding
+    /// them all in memory; stops early when `visit` returns false.
+    pub fn scan_ops(&self, partition: i32, mut visit: impl FnMut(OperationState) -> bool) -> Result<(), StoreError> {
+        let prefix = keys::partition_prefix(partition);
         for item in self.db.iterator_cf(self.cf(OPS), IteratorMode::From(&prefix, Direction::Forward)) {
             let (k, v) = item?;
-            if !k.starts_with(&prefix) {
+            if !k.starts_with(&prefix) || !visit(decode("operation", &v)?) {
                 break;
             }
-            out.push(decode("operation", &v)?);
+        }
+        Ok(())
+    }
+
+    /// How many outputs are stored but not yet acknowledged (keys only).
+    pub fn outbox_len(&self) -> Result<usize, StoreError> {
+        let mut n = 0;
+        let mut it = self.db.raw_iterator_cf(self.cf(OUTBOX));
+        it.seek_to_first();
+        while it.valid() {
+            n += 1;
+            it.next();
+        }
+        it.status()?;
+        Ok(n)
+    }
+
+    /// Partitions this store has consumed from (it holds state for no other).
+    pub fn partitions(&self) -> Result<Vec<i32>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(OFFSETS), IteratorMode::Start) {
+            let (k, _) = item?;
+            out.push(u32::from_be_bytes(k[..4].try_into().expect("4-byte partition keys")) as i32);
         }
         Ok(out)
+    }
+
+    /// How many timeline entries `operation_id` has received in all.
+    pub fn timeline_total(&self, partition: i32, operation_id: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .db
+            .get_pinned_cf(self.cf(TIMELINE), keys::timeline_head(partition, operation_id))?
+            .map_or(0, |b| u64::from_be_bytes(b[..8].try_into().expect("8-byte timeline heads"))))
+    }
+
+    /// An operation's retained timeline, in arrival order.
+    pub fn timeline(&self, partition: i32, operation_id: &str) -> Result<Timeline, StoreError> {
+        let total = self.timeline_total(partition, operation_id)?;
+        let start = keys::timeline_entry(partition, operation_id, 0);
+        let end = keys::timeline_end(partition, operation_id);
+        let mut entries: Vec<TimelineEntry> = Vec::new();
+        for item in self.db.iterator_cf(self.cf(TIMELINE), IteratorMode::From(&start, Direction::Forward)) {
+            let (k, v) = item?;
+            if k.as_ref() >= end.as_slice() {
+                break;
+            }
+            entries.push(decode("timeline entry", &v)?);
+        }
+        entries.sort_by_key(|e| e.ordinal);
+        Ok(Timeline { total, entries })
+    }
+
+    /// Every key and value of the operation and entity state, in key order
+    /// (for digests): `f(family, key, value)`.
+    pub fn scan_state(&self, mut f: impl FnMut(&str, &[u8], &[u8])) -> Result<(), StoreError> {
+        for family in [OPS, ENTITIES] {
+            for item in self.db.iterator_cf(self.cf(family), IteratorMode::Start) {
+                let (k, v) = item?;
+                f(family, &k, &v);
+            }
+        }
+        Ok(())
     }
 
     /// Outputs written but not yet acknowledged by the broker, in order.
@@ -168,11 +276,22 @@ impl Store {
     /// outputs (to delete once acknowledged).
     pub fn commit(&self, batch: Batch) -> Result<std::ops::Range<u64>, StoreError> {
         let mut wb = WriteBatch::default();
+        for (p, id, entry) in &batch.timeline {
+            let slot = (entry.ordinal % TIMELINE_CAP) as u32;
+            wb.put_cf(self.cf(TIMELINE), keys::timeline_entry(*p, id, slot), encode(entry));
+        }
+        for (p, id, total) in &batch.timeline_heads {
+            wb.put_cf(self.cf(TIMELINE), keys::timeline_head(*p, id), total.to_be_bytes());
+        }
         for (p, id, state) in &batch.ops {
             let key = keys::scoped(*p, id);
             match state {
                 Some(s) => wb.put_cf(self.cf(OPS), key, encode(s)),
-                None => wb.delete_cf(self.cf(OPS), key),
+                None => {
+                    wb.delete_cf(self.cf(OPS), key);
+                    // Out of retention: its timeline goes with it.
+                    wb.delete_range_cf(self.cf(TIMELINE), keys::timeline_head(*p, id), keys::timeline_end(*p, id));
+                }
             }
         }
         for (p, id, state) in &batch.entities {

@@ -1,0 +1,200 @@
+//! The operator API: JSON over the library functions of
+//! [`crate::operator`] (explain, review, resolve). Reads run on tokio's
+//! blocking pool (a review scans the store); a decision is published to the
+//! input log, never written to the store.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use super::{auth, AppState};
+use crate::codec::Codec;
+use crate::core::event::Decision;
+use crate::core::Outcome;
+use crate::kafka::producer::Publisher;
+use crate::operator::commands::parse_position;
+use crate::operator::dlq::{self, DlqFilter};
+use crate::operator::render::parse_duration;
+use crate::operator::{self, OperatorError, ResolveRequest, ReviewFilter};
+use crate::store::StoreError;
+
+/// `{"error": msg}` with `code`.
+pub(super) fn error(code: StatusCode, msg: &str) -> Response {
+    (code, Json(serde_json::json!({ "error": msg }))).into_response()
+}
+
+/// A failed request: status and message.
+struct ApiError(StatusCode, String);
+
+impl From<OperatorError> for ApiError {
+    fn from(e: OperatorError) -> ApiError {
+        let code = match &e {
+            OperatorError::NotFound(_) => StatusCode::NOT_FOUND,
+            OperatorError::Refused { .. } => StatusCode::CONFLICT,
+            OperatorError::Invalid(_) => StatusCode::BAD_REQUEST,
+            OperatorError::Kafka(_) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        OperatorError::from(e).into()
+    }
+}
+
+/// Runs blocking work (store scans, Kafka round trips) off the runtime.
+async fn blocking<T>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Response
+where
+    T: serde::Serialize + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(ApiError(code, msg))) => error(code, &msg),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the request failed: {e}")),
+    }
+}
+
+/// `GET /api/operations/{id}`: state, evidence and timeline.
+pub(super) async fn operation(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    blocking(move || operator::explain(&s.store, &id)?.ok_or_else(|| OperatorError::NotFound(id).into())).await
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct ReviewQuery {
+    #[serde(rename = "type")]
+    operation_type: Option<String>,
+    outcome: Option<String>,
+    /// `90s`, `15m`, `2h`, `7d`, or seconds (as `review --older-than`).
+    older_than: Option<String>,
+}
+
+/// `GET /api/review?type=&outcome=&older_than=`: the queue, oldest first.
+pub(super) async fn review(State(s): State<AppState>, Query(q): Query<ReviewQuery>) -> Response {
+    let empty = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let outcome = match empty(q.outcome) {
+        None => None,
+        Some(o) => match Outcome::ALL.into_iter().find(|x| x.as_str() == o) {
+            Some(x) => Some(x),
+            None => return error(StatusCode::BAD_REQUEST, &format!("outcome {o:?} is not one of {:?}", Outcome::ALL)),
+        },
+    };
+    let older_than_ms = match empty(q.older_than) {
+        None => None,
+        Some(d) => match parse_duration(&d) {
+            Ok(ms) => Some(ms),
+            Err(e) => return error(StatusCode::BAD_REQUEST, &format!("older_than: {e}")),
+        },
+    };
+    let filter = ReviewFilter { operation_type: empty(q.operation_type), outcome, older_than_ms };
+    let now = (s.clock)();
+    blocking(move || Ok(operator::review(&s.store, &filter, now)?)).await
+}
+
+/// A request that changes state: the bearer token first, then the JSON
+/// body (`shape` names its fields in the error).
+fn admit<T>(
+    token: Option<&str>,
+    headers: &HeaderMap,
+    body: Result<Json<T>, JsonRejection>,
+    shape: &str,
+) -> Result<T, Box<Response>> {
+    if let Some(r) = auth::refusal(token, headers) {
+        return Err(Box::new(r));
+    }
+    body.map(|Json(b)| b).map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, &format!("expected {shape}: {e}"))))
+}
+
+/// The body of a resolve request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResolveBody {
+    decision: Decision,
+    actor: String,
+    note: String,
+    #[serde(default)]
+    evidence_checked: Vec<String>,
+}
+
+/// `POST /api/operations/{id}/resolve`: publishes a ManualDecision event to
+/// the operation's partition of the input topic; the pipeline applies it.
+pub(super) async fn resolve(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Json<ResolveBody>, JsonRejection>,
+) -> Response {
+    let b = match admit(s.cfg.http.token.as_deref(), &headers, body, "{decision, actor, note, evidence_checked?}") {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let req = ResolveRequest {
+        operation_id: id,
+        decision: b.decision,
+        actor: b.actor,
+        note: b.note,
+        evidence_checked: b.evidence_checked,
+    };
+    let now = (s.clock)();
+    blocking(move || {
+        let prepared = operator::resolve::prepare(&s.store, &req, now)?;
+        // One decision at a time: the publisher's delivery accounting is per flush.
+        let mut slot = s.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            let p = Publisher::new(&s.cfg.kafka, s.cfg.consumer.max_record_bytes).map_err(OperatorError::from)?;
+            *slot = Some(p);
+        }
+        let publisher = slot.as_ref().expect("set above");
+        operator::resolve::publish(publisher, &Codec::new(), &s.cfg.topics.events, &prepared)?;
+        Ok(serde_json::json!({
+            "published": true,
+            "operation_id": prepared.event.operation_id,
+            "entity_id": prepared.event.entity_id,
+            "event_id": prepared.event.event_id,
+            "partition": prepared.partition,
+            "decision": req.decision.as_str(),
+        }))
+    })
+    .await
+}
+
+/// The body of a re-drive request: what to select, as `dlq redrive` takes it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RedriveBody {
+    class: Option<String>,
+    /// Dead letters as `"PARTITION:OFFSET"`.
+    #[serde(default)]
+    positions: Vec<String>,
+    limit: Option<usize>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// `POST /api/dlq/redrive`: re-publishes the selected dead letters to the
+/// input topic (or, with `dry_run`, says what it would do).
+pub(super) async fn redrive(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<RedriveBody>, JsonRejection>,
+) -> Response {
+    let b = match admit(s.cfg.http.token.as_deref(), &headers, body, "{class?, positions?, limit?, dry_run?}") {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let positions = match b.positions.iter().map(|p| parse_position(p)).collect::<Result<Vec<_>, _>>() {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let filter = DlqFilter { class: b.class.filter(|c| !c.is_empty()), positions, limit: b.limit };
+    blocking(move || {
+        let t = &s.cfg.topics;
+        Ok(dlq::redrive(&s.cfg.kafka, &t.dlq, &t.events, &filter, s.cfg.consumer.max_record_bytes, b.dry_run)?)
+    })
+    .await
+}

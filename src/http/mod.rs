@@ -1,0 +1,190 @@
+//! The HTTP server inside `reconciler run` (SPEC §10): `/metrics`,
+//! `/healthz`, `/readyz`, the operator API under `/api/` and the exception
+//! panel at `/`.
+//!
+//! It runs on a small tokio runtime in a thread of its own, beside the
+//! blocking pipeline loop, and shares only read-mostly things with it: the
+//! metrics, the readiness flag and the state store (RocksDB reads are safe
+//! from any thread). Anything that changes state goes through the log, as a
+//! `ManualDecision` event or a re-driven record, never into the store
+//! directly; those endpoints require the bearer token of `[http]`.
+
+mod api;
+mod auth;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::kafka::producer::Publisher;
+use crate::metrics::Metrics;
+use crate::pipeline::{Clock, Pipeline};
+use crate::store::Store;
+
+/// The server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("HTTP server: cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("HTTP server: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct AppState {
+    pub metrics: Arc<Metrics>,
+    pub store: Arc<Store>,
+    pub cfg: Arc<Config>,
+    pub clock: Clock,
+    /// Publishes decisions to the input topic; created on first use.
+    pub decisions: Arc<Mutex<Option<Publisher>>>,
+}
+
+impl AppState {
+    /// The state of the server beside `pipeline`.
+    pub fn of(pipeline: &Pipeline, cfg: Config, clock: Clock) -> AppState {
+        AppState {
+            metrics: pipeline.metrics(),
+            store: pipeline.store(),
+            cfg: Arc::new(cfg),
+            clock,
+            decisions: Arc::new(Mutex::new(None)),
+        }
+    }
+}
+
+/// A running server; stops when dropped (or on [`Server::stop`]).
+pub struct Server {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Listens on `addr` (port 0 picks a free one) and serves in a thread.
+    pub fn start(addr: SocketAddr, state: AppState) -> Result<Server, HttpError> {
+        // Bound here, synchronously, so that a taken port fails the start
+        // with the address named.
+        let listener = std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
+        listener.set_nonblocking(true).map_err(HttpError::Runtime)?;
+        let addr = listener.local_addr().map_err(HttpError::Runtime)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .max_blocking_threads(4)
+            .thread_name("http-blocking")
+            .build()
+            .map_err(HttpError::Runtime)?;
+        if state.cfg.http.token.is_none() {
+            info!("No http.token configured: resolve and redrive over HTTP are disabled");
+        }
+        let (tx, rx) = oneshot::channel::<()>();
+        let app = router(state);
+        let thread = std::thread::Builder::new()
+            .name("http".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => return warn!(error = %e, "HTTP server cannot use its socket"),
+                    };
+                    let stop = async {
+                        let _ = rx.await;
+                    };
+                    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+                        warn!(error = %e, "HTTP server stopped");
+                    }
+                })
+            })
+            .map_err(HttpError::Runtime)?;
+        info!(%addr, "HTTP server listening (/metrics, /healthz, /readyz, /api, /)");
+        Ok(Server { addr, shutdown: Some(tx), thread: Some(thread) })
+    }
+
+    /// The address actually bound.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, finishes requests in flight, joins the thread.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(panel_page))
+        .route("/panel.js", get(panel_js))
+        .route("/panel.css", get(panel_css))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/api/operations/{id}", get(api::operation))
+        .route("/api/review", get(api::review))
+        .route("/api/operations/{id}/resolve", post(api::resolve))
+        .route("/api/dlq/redrive", post(api::redrive))
+        .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") })
+        .with_state(state)
+}
+
+const PANEL_HTML: &str = include_str!("panel/index.html");
+const PANEL_JS: &str = include_str!("panel/panel.js");
+const PANEL_CSS: &str = include_str!("panel/panel.css");
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+async fn panel_page() -> Response {
+    asset("text/html; charset=utf-8", PANEL_HTML)
+}
+
+async fn panel_js() -> Response {
+    asset("text/javascript; charset=utf-8", PANEL_JS)
+}
+
+async fn panel_css() -> Response {
+    asset("text/css; charset=utf-8", PANEL_CSS)
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], s.metrics.render()).into_response()
+}
+
+/// Liveness: the process answers.
+async fn healthz() -> Response {
+    Json(serde_json::json!({ "status": "ok" })).into_response()
+}
+
+/// Readiness: owned partitions restored and the outbox re-published.
+async fn readyz(State(s): State<AppState>) -> Response {
+    let r = s.metrics.readiness();
+    let code = if r.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(r)).into_response()
+}

@@ -1,0 +1,339 @@
+// The exception panel: the review queue from /api/review, an operation's
+// evidence and timeline from /api/operations/{id}, and decisions POSTed to
+// /api/operations/{id}/resolve with the bearer token kept in sessionStorage.
+// Everything the server sends is inserted as text, never as HTML.
+"use strict";
+
+const OUTCOMES = ["MISSING", "DIVERGENT", "AMBIGUOUS", "DUPLICATE_EFFECT", "NOT_APPLICABLE", "CORRECT"];
+const state = { queue: [], sortDesc: true, selected: null, lastLoad: null };
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : String(c));
+  }
+  return e;
+}
+
+/** "45 s", "12 min", "3 h 5 min", "2 d 4 h". */
+function humanAge(ms) {
+  if (ms === null || ms === undefined || isNaN(ms)) return "–";
+  const s = Math.max(0, Math.floor(ms / 1000));
+  if (s < 60) return `${s} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min`;
+  const h = Math.floor(m / 60);
+  if (h < 24) return m % 60 ? `${h} h ${m % 60} min` : `${h} h`;
+  const d = Math.floor(h / 24);
+  return h % 24 ? `${d} d ${h % 24} h` : `${d} d`;
+}
+
+function when(ms) {
+  if (ms === null || ms === undefined) return "–";
+  const d = new Date(ms);
+  return d.toLocaleString(undefined, { dateStyle: "short", timeStyle: "medium" });
+}
+
+function badge(text, cls) {
+  return el("span", { class: `badge ${cls || ""}` }, text === null || text === undefined ? "–" : text);
+}
+
+async function getJson(url, options) {
+  let resp;
+  try {
+    resp = await fetch(url, options);
+  } catch (e) {
+    throw new Error(`cannot reach the reconciler (${e.message})`);
+  }
+  let body = null;
+  const text = await resp.text();
+  try { body = text ? JSON.parse(text) : null; } catch (_) { body = null; }
+  if (!resp.ok) {
+    const msg = body && body.error ? body.error : (text || resp.statusText);
+    const err = new Error(`${resp.status}: ${msg}`);
+    err.status = resp.status;
+    throw err;
+  }
+  return body;
+}
+
+function showError(id, msg) {
+  const box = $(id);
+  box.hidden = !msg;
+  box.textContent = msg || "";
+}
+
+// ---- readiness -------------------------------------------------------------
+
+async function loadReady() {
+  const b = $("ready");
+  try {
+    const resp = await fetch("/readyz");
+    const r = await resp.json();
+    b.className = `badge ${r.ready ? "ok" : "no"}`;
+    b.textContent = r.ready ? "ready" : `not ready (${r.restored}/${r.partitions} partitions restored)`;
+  } catch (_) {
+    b.className = "badge no";
+    b.textContent = "unreachable";
+  }
+}
+
+// ---- the queue -------------------------------------------------------------
+
+async function loadQueue() {
+  try {
+    state.queue = await getJson("/api/review");
+    state.lastLoad = Date.now();
+    showError("queue-error", null);
+  } catch (e) {
+    showError("queue-error", `Could not load the review queue: ${e.message}`);
+  }
+  fillFilterOptions();
+  renderQueue();
+  $("updated").textContent = state.lastLoad ? `updated ${new Date(state.lastLoad).toLocaleTimeString()}` : "";
+}
+
+function fillFilterOptions() {
+  const typeSel = $("filter-type");
+  const current = typeSel.value;
+  const types = [...new Set(state.queue.map((c) => c.operation_type))].sort();
+  typeSel.replaceChildren(el("option", { value: "" }, "all"), ...types.map((t) => el("option", { value: t }, t)));
+  if (types.includes(current)) typeSel.value = current;
+  const outSel = $("filter-outcome");
+  if (outSel.options.length === 1) {
+    for (const o of OUTCOMES) outSel.append(el("option", { value: o }, o));
+  }
+}
+
+function filtered() {
+  const type = $("filter-type").value;
+  const outcome = $("filter-outcome").value;
+  const minAge = Number($("filter-age").value || 0);
+  const rows = state.queue.filter((c) =>
+    (!type || c.operation_type === type) && (!outcome || c.outcome === outcome) && c.age_ms >= minAge);
+  rows.sort((a, b) => (state.sortDesc ? b.age_ms - a.age_ms : a.age_ms - b.age_ms));
+  return rows;
+}
+
+function renderQueue() {
+  const rows = filtered();
+  const body = $("queue-body");
+  body.replaceChildren(...rows.map((c) => {
+    const tr = el("tr", {
+      tabindex: "0",
+      "data-operation-id": c.operation_id,
+      onclick: () => openOperation(c.operation_id),
+      onkeydown: (ev) => { if (ev.key === "Enter") openOperation(c.operation_id); },
+    },
+    el("td", { class: "age", title: `in review since ${when(c.since)}` }, humanAge(c.age_ms)),
+    el("td", {}, el("code", {}, c.operation_id)),
+    el("td", {}, el("code", {}, c.entity_id)),
+    el("td", {}, c.operation_type),
+    el("td", {}, badge(c.outcome, `outcome-${c.outcome}`)),
+    el("td", {}, c.recommended_action || "–"),
+    el("td", { class: "reason" }, c.reason || ""));
+    if (c.operation_id === state.selected) tr.classList.add("selected");
+    return tr;
+  }));
+  $("queue").hidden = rows.length === 0;
+  const empty = $("queue-empty");
+  empty.hidden = rows.length !== 0;
+  empty.textContent = state.queue.length === 0
+    ? "The review queue is empty: no operation is waiting for a person."
+    : "No case matches these filters.";
+  const oldest = rows.length ? Math.max(...rows.map((c) => c.age_ms)) : null;
+  $("queue-count").textContent = state.queue.length === 0 ? "" :
+    `${rows.length} of ${state.queue.length} case${state.queue.length === 1 ? "" : "s"}` +
+    (oldest !== null ? ` · oldest ${humanAge(oldest)}` : "");
+}
+
+// ---- one operation ---------------------------------------------------------
+
+async function openOperation(id) {
+  state.selected = id;
+  renderQueue();
+  $("detail").hidden = false;
+  $("d-id").textContent = id;
+  $("resolve-result").replaceChildren();
+  try {
+    const op = await getJson(`/api/operations/${encodeURIComponent(id)}`);
+    showError("detail-error", null);
+    $("detail-body").hidden = false;
+    renderOperation(op);
+  } catch (e) {
+    $("detail-body").hidden = true;
+    showError("detail-error", e.status === 404 ? `Operation ${id} is not in the state store (never seen here, or removed after retention).` : `Could not load operation ${id}: ${e.message}`);
+  }
+  $("detail").scrollIntoView({ behavior: "smooth", block: "start" });
+}
+
+function facts(dl, pairs) {
+  dl.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v === null || v === undefined ? "–" : v)]));
+}
+
+function renderOperation(op) {
+  const v = op.last_verdict;
+  facts($("d-facts"), [
+    ["State", badge(op.state, op.state === "MANUAL_REVIEW" ? "no" : "")],
+    ["Entity", el("code", {}, op.entity_id)],
+    ["Type", op.operation_type],
+    ["Partition", op.partition],
+    ["Outcome", v ? badge(v.outcome, `outcome-${v.outcome}`) : "–"],
+    ["Recommended", v ? v.action : "–"],
+    ["In review since", op.review_since ? `${when(op.review_since)} (${humanAge(Date.now() - op.review_since)})` : "–"],
+    ["Deadline", when(op.deadline_at)],
+  ]);
+  $("d-reason").textContent = v ? v.reason : "No verdict yet.";
+
+  const ex = op.expected || {};
+  const ob = op.observed || {};
+  const row = (name, e, o, compare) => {
+    const differs = compare && e !== null && e !== undefined && o !== null && o !== undefined && String(e) !== String(o);
+    return el("tr", {}, el("th", {}, name), el("td", {}, e ?? "–"), el("td", { class: differs ? "diff" : "" }, o ?? "–"));
+  };
+  $("d-evidence").replaceChildren(
+    el("tr", {}, el("th", {}, ""), el("th", {}, "expected"), el("th", {}, "observed")),
+    row("version", ex.version, ob.version, true),
+    row("fingerprint", ex.fingerprint, ob.fingerprint, true),
+    row("remote ids", null, (ob.remote_ids || []).join(", ") || null),
+    row("attempts", ex.max_attempts !== undefined ? `at most ${ex.max_attempts}` : null, ob.attempts),
+    row("destination", ex.destination, null),
+    row("idempotency key", ex.idempotency_key, null),
+    row("idempotent", ex.idempotent === undefined ? null : (ex.idempotent ? "yes" : "no"), null),
+    row("requested at", ex.requested_at ? when(ex.requested_at) : null, null),
+    row("last event at", null, when(ob.last_event_at)),
+  );
+  const c = op.counts || {};
+  facts($("d-counts"), [
+    ["events applied", c.events_applied],
+    ["duplicates seen", c.duplicates_seen],
+    ["out of order", c.out_of_order_seen],
+    ["held now", c.held_now],
+    ["verdicts", c.verdicts],
+  ]);
+
+  const tl = op.timeline || [];
+  $("d-timeline-note").textContent = `${tl.length} record${tl.length === 1 ? "" : "s"} in arrival order` +
+    (op.timeline_dropped ? ` (${op.timeline_dropped} earlier ones not kept)` : "");
+  $("d-timeline").replaceChildren(...tl.map((t) => {
+    const notes = [el("span", { class: "note" }, t.summary || t.body)];
+    if (t.manual) notes.push(el("span", { class: "note" }, `${t.manual.actor} decided ${t.manual.decision}: ${t.manual.note}`));
+    for (const a of t.anomalies || []) notes.push(el("span", { class: "note anomaly" }, `⚠ ${a.kind}: ${a.detail}`));
+    for (const vd of t.verdicts || []) notes.push(el("span", { class: "note verdict" }, `→ ${vd.outcome} / ${vd.action} (${vd.state}): ${vd.reason}`));
+    const delivery = t.deliveries > 1 ? ` · delivery ${t.delivery} of ${t.deliveries}` : "";
+    return el("tr", { class: t.delivery > 1 ? "dup" : "" },
+      el("td", {}, t.ordinal),
+      el("td", { class: "mono" }, `p${t.partition} @ ${t.offset}`),
+      el("td", {}, el("code", {}, t.body), el("span", { class: "note muted" }, `${t.event_id}${delivery}`)),
+      el("td", {}, t.seq ?? "–"),
+      el("td", {}, when(t.occurred_at)),
+      el("td", {}, t.producer),
+      el("td", {}, t.disposition + (t.still_held ? " (waiting)" : "")),
+      el("td", {}, ...notes));
+  }));
+
+  const allowed = op.allowed_decisions || [];
+  const sel = $("r-decision");
+  sel.replaceChildren(...allowed.map((d) => el("option", { value: d }, d)));
+  const off = $("resolve-off");
+  off.hidden = allowed.length !== 0;
+  off.textContent = allowed.length ? "" : `No decision is possible in state ${op.state}: only operations in manual review can be resolved.`;
+  $("r-submit").disabled = allowed.length === 0;
+  $("r-submit").hidden = allowed.length === 0;
+  $("resolve-fields").hidden = allowed.length === 0;
+  $("resolve").dataset.operationId = op.operation_id;
+}
+
+// ---- resolving -------------------------------------------------------------
+
+async function submitResolve(ev) {
+  ev.preventDefault();
+  const form = $("resolve");
+  const id = form.dataset.operationId;
+  const token = $("r-token").value.trim();
+  const actor = $("r-actor").value.trim();
+  sessionStorage.setItem("reconciler.token", token);
+  localStorage.setItem("reconciler.actor", actor);
+  const result = $("resolve-result");
+  const payload = {
+    decision: $("r-decision").value,
+    actor,
+    note: $("r-note").value.trim(),
+    evidence_checked: $("r-evidence").value.split(",").map((s) => s.trim()).filter(Boolean),
+  };
+  if (!token) {
+    result.replaceChildren(el("div", { class: "error" }, "Enter the API token (http.token) to publish a decision."));
+    return;
+  }
+  $("r-submit").disabled = true;
+  result.replaceChildren(el("div", { class: "muted" }, "Publishing…"));
+  try {
+    const r = await getJson(`/api/operations/${encodeURIComponent(id)}/resolve`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "Authorization": `Bearer ${token}` },
+      body: JSON.stringify(payload),
+    });
+    result.replaceChildren(el("div", { class: "success" },
+      `Decision ${payload.decision} published (event ${r.event_id}, partition ${r.partition}). Waiting for the pipeline to apply it…`));
+    const after = await waitForChange(id);
+    if (after) {
+      const v = after.last_verdict;
+      result.replaceChildren(el("div", { class: "success", id: "resolve-applied" },
+        `Applied: the operation is now ${after.state}` + (v ? `, verdict ${v.outcome} / ${v.action}: ${v.reason}` : ".")));
+      renderOperation(after);
+    } else {
+      result.append(el("div", { class: "muted" }, "Not applied yet; the queue refreshes on its own."));
+    }
+    $("r-note").value = "";
+    await loadQueue();
+  } catch (e) {
+    const hint = e.status === 401 ? " Check the token." : e.status === 403 ? "" : "";
+    result.replaceChildren(el("div", { class: "error" }, `Not published: ${e.message}.${hint}`));
+  } finally {
+    $("r-submit").disabled = false;
+  }
+}
+
+/** Polls the operation until it leaves manual review (at most ~15 s). */
+async function waitForChange(id) {
+  for (let i = 0; i < 30; i++) {
+    await new Promise((r) => setTimeout(r, 500));
+    try {
+      const op = await getJson(`/api/operations/${encodeURIComponent(id)}`);
+      if (op.state !== "MANUAL_REVIEW") return op;
+    } catch (_) { /* keep trying */ }
+  }
+  return null;
+}
+
+// ---- wiring ----------------------------------------------------------------
+
+function refresh() {
+  loadReady();
+  loadQueue();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("r-token").value = sessionStorage.getItem("reconciler.token") || "";
+  $("r-actor").value = localStorage.getItem("reconciler.actor") || "";
+  for (const id of ["filter-type", "filter-outcome", "filter-age"]) $(id).addEventListener("change", renderQueue);
+  $("sort-age").addEventListener("click", () => {
+    state.sortDesc = !state.sortDesc;
+    $("sort-arrow").textContent = state.sortDesc ? "▼" : "▲";
+    renderQueue();
+  });
+  $("refresh").addEventListener("click", refresh);
+  $("close-detail").addEventListener("click", () => { $("detail").hidden = true; state.selected = null; renderQueue(); });
+  $("resolve").addEventListener("submit", submitResolve);
+  const params = new URLSearchParams(location.search);
+  refresh();
+  setInterval(refresh, 15000);
+  if (params.get("op")) openOperation(params.get("op"));
+});

@@ -1,0 +1,468 @@
+//! Prometheus metrics (SPEC §10): one registry, one typed method per fact,
+//! so that no metric name or label set is spelled anywhere but here.
+//!
+//! Two kinds of metric live here:
+//! - counters and histograms of what this process did (events by result,
+//!   verdicts, anomalies, dead letters, batch latency, ...), incremented by
+//!   the pipeline as it goes; they start at zero with each process, as
+//!   Prometheus counters do;
+//! - gauges that describe the *state* (operations by state, oldest
+//!   unconfirmed operation, open reviews, consumer lag). Those are derived
+//!   from the store and the broker by the [`sampler`], never counted
+//!   incrementally, so they are right after a restart or a rebalance too.
+//!
+//! Every label is bounded: outcomes, actions, kinds, states and error
+//! classes are closed enums; operation types are the configured ones plus
+//! the first `max_operation_types` others seen, then `other`; partitions
+//! are the input topic's.
+
+pub mod sampler;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::Duration;
+
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+
+use crate::core::event::ErrorClass;
+use crate::core::{Disposition, OperationState, Output, Status};
+
+pub use sampler::Sampler;
+
+/// The label of operation types beyond the bound.
+pub const OTHER_TYPE: &str = "other";
+
+/// Operation type labels: configured types always have their own; others
+/// get one while fewer than `max_dynamic` were seen, then share `other`.
+struct TypeLabels {
+    known: RwLock<HashSet<String>>,
+    dynamic: Mutex<usize>,
+    max_dynamic: usize,
+}
+
+impl TypeLabels {
+    fn new<'a>(configured: impl IntoIterator<Item = &'a String>, max_dynamic: usize) -> TypeLabels {
+        TypeLabels {
+            known: RwLock::new(configured.into_iter().cloned().collect()),
+            dynamic: Mutex::new(0),
+            max_dynamic,
+        }
+    }
+
+    fn label<'a>(&self, operation_type: &'a str) -> &'a str {
+        if self.known.read().expect("not poisoned").contains(operation_type) {
+            return operation_type;
+        }
+        let mut dynamic = self.dynamic.lock().expect("not poisoned");
+        if *dynamic >= self.max_dynamic || operation_type == OTHER_TYPE {
+            return OTHER_TYPE;
+        }
+        *dynamic += 1;
+        self.known.write().expect("not poisoned").insert(operation_type.to_owned());
+        operation_type
+    }
+}
+
+/// Whether the instance can do its work: assigned partitions restored
+/// (caught up with what was in them at assignment) and the previous run's
+/// outbox re-published.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Readiness {
+    pub ready: bool,
+    /// The group has assigned this member its partitions (possibly none).
+    pub assigned: bool,
+    /// Partitions owned.
+    pub partitions: usize,
+    /// Owned partitions whose state is restored.
+    pub restored: usize,
+}
+
+/// All metrics of one reconciler process.
+pub struct Metrics {
+    registry: Registry,
+    types: TypeLabels,
+    events: IntCounterVec,
+    dead_letters: IntCounterVec,
+    verdicts: IntCounterVec,
+    anomalies: IntCounterVec,
+    commands: IntCounterVec,
+    attempt_failures: IntCounterVec,
+    manual_decisions: IntCounterVec,
+    time_to_confirm: HistogramVec,
+    batch_duration: Histogram,
+    batch_records: Histogram,
+    timers_fired: IntCounter,
+    publish_retries: IntCounter,
+    outbox_republished: IntCounter,
+    operations: IntGaugeVec,
+    oldest_unconfirmed: GaugeVec,
+    confirm_window: GaugeVec,
+    review_open: IntGaugeVec,
+    review_oldest: GaugeVec,
+    consumer_lag: IntGaugeVec,
+    outbox_pending: IntGauge,
+    partitions_owned: IntGauge,
+    ready_gauge: IntGauge,
+    scan_duration: Gauge,
+    scan_operations: IntGauge,
+    readiness: Mutex<Readiness>,
+    ready: AtomicBool,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let m = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(m.clone())).expect("registered once");
+    m
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let m = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(m.clone())).expect("registered once");
+    m
+}
+
+fn int_gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let m = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(m.clone())).expect("registered once");
+    m
+}
+
+fn int_gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    let m = IntGauge::new(name, help).expect("valid metric");
+    r.register(Box::new(m.clone())).expect("registered once");
+    m
+}
+
+fn int_counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    let m = IntCounter::new(name, help).expect("valid metric");
+    r.register(Box::new(m.clone())).expect("registered once");
+    m
+}
+
+fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    let m = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).expect("valid metric");
+    r.register(Box::new(m.clone())).expect("registered once");
+    m
+}
+
+/// The class of a failed attempt, read before the event goes to the core
+/// (which consumes it), for [`Metrics::event`].
+pub fn failure_class(body: &crate::core::Body) -> Option<ErrorClass> {
+    match body {
+        crate::core::Body::AttemptFailed { error_class, .. } => Some(*error_class),
+        _ => None,
+    }
+}
+
+impl Metrics {
+    /// Metrics whose operation type labels are the `configured` types plus
+    /// up to `max_dynamic_types` others.
+    pub fn new<'a>(configured: impl IntoIterator<Item = &'a String>, max_dynamic_types: usize) -> Metrics {
+        let r = Registry::new();
+        let m = Metrics {
+            types: TypeLabels::new(configured, max_dynamic_types),
+            events: counter(
+                &r,
+                "reconciler_events_total",
+                "Input records by how they were accounted for: applied, duplicate, held, anomalous, ignored (a timer of a removed operation) or dead_lettered.",
+                &["result"],
+            ),
+            dead_letters: counter(
+                &r,
+                "reconciler_dead_letters_total",
+                "Records sent to the dead-letter topic, by error class.",
+                &["class"],
+            ),
+            verdicts: counter(
+                &r,
+                "reconciler_verdicts_total",
+                "Verdicts published, by outcome, action and operation type.",
+                &["outcome", "action", "type"],
+            ),
+            anomalies: counter(&r, "reconciler_anomalies_total", "Anomalies published, by kind.", &["kind"]),
+            commands: counter(
+                &r,
+                "reconciler_repair_commands_total",
+                "Repair commands published (act mode), by action.",
+                &["action"],
+            ),
+            attempt_failures: counter(
+                &r,
+                "reconciler_attempt_failures_total",
+                "Failed attempts applied, by error class and what followed: retry (RETRY_SCHEDULED) or review (MANUAL_REVIEW).",
+                &["error_class", "next"],
+            ),
+            manual_decisions: counter(
+                &r,
+                "reconciler_manual_decisions_total",
+                "Manual decisions applied, by decision.",
+                &["decision"],
+            ),
+            time_to_confirm: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "reconciler_time_to_confirm_seconds",
+                        "Event time from Requested to the CORRECT verdict, by operation type.",
+                    )
+                    .buckets(vec![0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 86400.0]),
+                    &["type"],
+                )
+                .expect("valid metric");
+                r.register(Box::new(h.clone())).expect("registered once");
+                h
+            },
+            batch_duration: histogram(
+                &r,
+                "reconciler_batch_duration_seconds",
+                "Wall time to apply, store, publish and acknowledge one batch.",
+                prometheus::exponential_buckets(0.0005, 2.0, 16).expect("valid buckets"),
+            ),
+            batch_records: histogram(
+                &r,
+                "reconciler_batch_records",
+                "Input records per batch.",
+                prometheus::exponential_buckets(1.0, 4.0, 9).expect("valid buckets"),
+            ),
+            timers_fired: int_counter(
+                &r,
+                "reconciler_timers_fired_total",
+                "DeadlineReached events written to the input topic.",
+            ),
+            publish_retries: int_counter(
+                &r,
+                "reconciler_publish_retries_total",
+                "Failed attempts to publish outputs, retried with backoff (broker unreachable or refusing).",
+            ),
+            outbox_republished: int_counter(
+                &r,
+                "reconciler_outbox_republished_total",
+                "Outputs of a previous run re-published from the outbox at start.",
+            ),
+            operations: int_gauge_vec(
+                &r,
+                "reconciler_operations",
+                "Operations in the state store of the owned partitions, by state.",
+                &["state"],
+            ),
+            oldest_unconfirmed: gauge_vec(
+                &r,
+                "reconciler_oldest_unconfirmed_age_seconds",
+                "Age (wall clock minus requested_at) of the oldest operation still awaiting evidence, by operation type.",
+                &["type"],
+            ),
+            confirm_window: gauge_vec(
+                &r,
+                "reconciler_confirm_window_seconds",
+                "The configured confirmation window of each operation type that has unconfirmed operations.",
+                &["type"],
+            ),
+            review_open: int_gauge_vec(
+                &r,
+                "reconciler_review_open",
+                "Operations waiting in manual review, by operation type.",
+                &["type"],
+            ),
+            review_oldest: gauge_vec(
+                &r,
+                "reconciler_review_oldest_age_seconds",
+                "Age (wall clock minus entry into review) of the oldest operation in manual review, by operation type.",
+                &["type"],
+            ),
+            consumer_lag: int_gauge_vec(
+                &r,
+                "reconciler_consumer_lag",
+                "Records of the input topic not yet applied, by owned partition.",
+                &["partition"],
+            ),
+            outbox_pending: int_gauge(
+                &r,
+                "reconciler_outbox_pending",
+                "Outputs stored but not yet acknowledged by the broker.",
+            ),
+            partitions_owned: int_gauge(&r, "reconciler_partitions_owned", "Input partitions owned by this instance."),
+            ready_gauge: int_gauge(
+                &r,
+                "reconciler_ready",
+                "1 when owned partitions are restored and the outbox re-published, else 0.",
+            ),
+            scan_duration: {
+                let g = Gauge::new(
+                    "reconciler_state_scan_duration_seconds",
+                    "Wall time of the last scan of the state store behind the state gauges.",
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("registered once");
+                g
+            },
+            scan_operations: int_gauge(
+                &r,
+                "reconciler_state_scan_operations",
+                "Operations read by the last scan of the state store.",
+            ),
+            readiness: Mutex::new(Readiness::default()),
+            ready: AtomicBool::new(false),
+            registry: r,
+        };
+        for s in Status::ALL {
+            m.operations.with_label_values(&[s.as_str()]).set(0);
+        }
+        m
+    }
+
+    /// The operation type label of `operation_type` (bounded).
+    pub fn type_label<'a>(&self, operation_type: &'a str) -> &'a str {
+        self.types.label(operation_type)
+    }
+
+    /// One decoded event and how the core accounted for it. `failed` is
+    /// [`failure_class`] of its body; `op` the operation after it.
+    pub fn event(&self, d: Disposition, failed: Option<ErrorClass>, op: Option<&OperationState>) {
+        self.events.with_label_values(&[d.as_str()]).inc();
+        if let (Disposition::Applied, Some(class), Some(op)) = (d, failed, op) {
+            let class = match class {
+                ErrorClass::Transient => "TRANSIENT",
+                ErrorClass::Permanent => "PERMANENT",
+            };
+            let next = if op.status == Status::ManualReview { "review" } else { "retry" };
+            self.attempt_failures.with_label_values(&[class, next]).inc();
+        }
+    }
+
+    /// One record sent to the dead-letter topic.
+    pub fn dead_letter(&self, class: &str) {
+        self.events.with_label_values(&["dead_lettered"]).inc();
+        self.dead_letters.with_label_values(&[class]).inc();
+    }
+
+    /// One output of the core, as it goes to the outbox.
+    pub fn output(&self, o: &Output) {
+        match o {
+            Output::Verdict(v) => {
+                let ty = self.type_label(&v.operation_type);
+                self.verdicts.with_label_values(&[v.outcome.as_str(), v.action.as_str(), ty]).inc();
+                if let Some(m) = &v.evidence.manual_decision {
+                    let d = format!("{:?}", m.decision).to_ascii_uppercase();
+                    self.manual_decisions.with_label_values(&[d.as_str()]).inc();
+                }
+                if v.outcome == crate::core::Outcome::Correct && v.state == Status::Confirmed {
+                    if let Some(req) = v.evidence.requested_at {
+                        let secs = (v.decided_at - req).max(0) as f64 / 1000.0;
+                        self.time_to_confirm.with_label_values(&[ty]).observe(secs);
+                    }
+                }
+            }
+            Output::Anomaly(a) => self.anomalies.with_label_values(&[a.kind.as_str()]).inc(),
+            Output::Command(c) => {
+                let action = match c.action {
+                    crate::core::output::RepairAction::Requeue => "REQUEUE",
+                    crate::core::output::RepairAction::Probe => "PROBE",
+                };
+                self.commands.with_label_values(&[action]).inc();
+            }
+        }
+    }
+
+    /// One committed batch of `records` input records.
+    pub fn batch(&self, records: usize, took: Duration) {
+        self.batch_records.observe(records as f64);
+        self.batch_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn timers_fired(&self, n: usize) {
+        self.timers_fired.inc_by(n as u64);
+    }
+
+    pub fn publish_retry(&self) {
+        self.publish_retries.inc();
+    }
+
+    pub fn outbox_republished(&self, n: usize) {
+        self.outbox_republished.inc_by(n as u64);
+    }
+
+    /// Sets readiness (from the run loop).
+    pub fn set_readiness(&self, r: Readiness) {
+        self.ready.store(r.ready, Ordering::SeqCst);
+        self.ready_gauge.set(i64::from(r.ready));
+        self.partitions_owned.set(r.partitions as i64);
+        *self.readiness.lock().expect("not poisoned") = r;
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.lock().expect("not poisoned").clone()
+    }
+
+    /// The name of every metric, whether or not it has a value yet
+    /// (dashboards and alert rules are checked against this).
+    pub fn names(&self) -> Vec<String> {
+        let all: [&dyn Collector; 24] = [
+            &self.events,
+            &self.dead_letters,
+            &self.verdicts,
+            &self.anomalies,
+            &self.commands,
+            &self.attempt_failures,
+            &self.manual_decisions,
+            &self.time_to_confirm,
+            &self.batch_duration,
+            &self.batch_records,
+            &self.timers_fired,
+            &self.publish_retries,
+            &self.outbox_republished,
+            &self.operations,
+            &self.oldest_unconfirmed,
+            &self.confirm_window,
+            &self.review_open,
+            &self.review_oldest,
+            &self.consumer_lag,
+            &self.outbox_pending,
+            &self.partitions_owned,
+            &self.ready_gauge,
+            &self.scan_duration,
+            &self.scan_operations,
+        ];
+        all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
+    }
+
+    /// Everything in the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("the text format is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_labels_are_bounded() {
+        let configured = ["sync_customer".to_owned()];
+        let m = Metrics::new(&configured, 2);
+        assert_eq!(m.type_label("sync_customer"), "sync_customer");
+        assert_eq!(m.type_label("a"), "a");
+        assert_eq!(m.type_label("b"), "b");
+        assert_eq!(m.type_label("c"), OTHER_TYPE);
+        assert_eq!(m.type_label("a"), "a");
+        assert_eq!(m.type_label("sync_customer"), "sync_customer");
+    }
+
+    #[test]
+    fn every_state_is_exposed_from_the_start() {
+        let m = Metrics::new(&[], 0);
+        let text = m.render();
+        for s in Status::ALL {
+            assert!(text.contains(&format!("reconciler_operations{{state=\"{}\"}} 0", s.as_str())), "{text}");
+        }
+    }
+}

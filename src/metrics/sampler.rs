@@ -1,0 +1,273 @@
+//! The state gauges, derived from the store and the broker by a background
+//! thread rather than counted as the pipeline goes.
+//!
+//! Why a periodic scan: the gauges (operations by state, oldest unconfirmed
+//! operation per type, open reviews) describe the store, which survives
+//! restarts and moves between instances with partitions. Counting
+//! transitions in memory would be wrong after a restart or a rebalance
+//! unless it were itself persisted and restored; reading the store is right
+//! by construction and keeps the hot path and the store format untouched.
+//!
+//! Its cost is bounded: a pass reads at most `scan_ops_per_sec` operations
+//! per second (it pauses to stay under that), so the CPU it takes does not
+//! grow with the state; on a large store a pass takes longer and the gauges
+//! are refreshed less often (`reconciler_state_scan_duration_seconds` shows
+//! how long a pass took). A pass runs every `refresh_ms`, and at once when
+//! the owned partitions change. Lag is the broker's high watermark minus the
+//! next offset to apply, for each owned partition, read on a client of its
+//! own so that the consumer's long polls never wait behind it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use tracing::warn;
+
+use super::Metrics;
+use crate::config::Config;
+use crate::core::{OperationState, Policy, Status};
+use crate::kafka::consumer::Assignment;
+use crate::kafka::{client_config, CONSUMER_DEFAULTS};
+use crate::pipeline::Clock;
+use crate::store::Store;
+
+/// What the sampler reads.
+pub struct Source {
+    pub store: Arc<Store>,
+    pub assignment: Arc<Mutex<Assignment>>,
+    pub kafka: BTreeMap<String, String>,
+    pub group_id: String,
+    pub topic: String,
+    pub clock: Clock,
+    pub policy: Policy,
+    /// Time between two passes.
+    pub refresh: Duration,
+    /// Most operations read per second by a pass.
+    pub scan_ops_per_sec: u64,
+}
+
+impl Source {
+    /// The sampler's view of a pipeline built from `cfg`.
+    pub fn new(cfg: &Config, store: &Arc<Store>, assignment: &Arc<Mutex<Assignment>>, clock: &Clock) -> Source {
+        Source {
+            store: store.clone(),
+            assignment: assignment.clone(),
+            kafka: cfg.kafka.clone(),
+            group_id: cfg.consumer.group_id.clone(),
+            topic: cfg.topics.events.clone(),
+            clock: clock.clone(),
+            policy: cfg.policy(),
+            refresh: Duration::from_millis(cfg.metrics.refresh_ms),
+            scan_ops_per_sec: cfg.metrics.scan_ops_per_sec,
+        }
+    }
+}
+
+/// The running sampler; stops (and joins) when dropped.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Sampler {
+    pub fn start(metrics: Arc<Metrics>, source: Source) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("metrics-sampler".into())
+            .spawn(move || run(&metrics, &source, &flag))
+            .expect("spawning the metrics sampler");
+        Sampler { stop, handle: Some(handle) }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// How often the thread looks at the stop flag and the assignment.
+const TICK: Duration = Duration::from_millis(100);
+
+fn run(metrics: &Metrics, src: &Source, stop: &AtomicBool) {
+    let watermarks: Option<BaseConsumer> =
+        match client_config(&CONSUMER_DEFAULTS, &src.kafka, &[("group.id", src.group_id.as_str())]).create() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                warn!(error = %e, "Cannot create the lag client; consumer lag is not reported");
+                None
+            }
+        };
+    // Configured types show an empty review queue as 0 from the first pass.
+    let mut shown = Shown { review: src.policy.types.keys().cloned().collect(), ..Shown::default() };
+    let mut last: Option<(Instant, BTreeSet<i32>)> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let owned = src.assignment.lock().expect("not poisoned").owned.clone();
+        let parts: BTreeSet<i32> = owned.keys().copied().collect();
+        let due = last.as_ref().is_none_or(|(at, before)| at.elapsed() >= src.refresh || *before != parts);
+        if due {
+            last = Some((Instant::now(), parts.clone()));
+            if let Some(w) = &watermarks {
+                sample_lag(metrics, w, &src.topic, &owned, &mut shown.partitions);
+            }
+            match src.store.outbox_len() {
+                Ok(n) => metrics.outbox_pending.set(n as i64),
+                Err(e) => warn!(error = %e, "Reading the outbox size failed"),
+            }
+            match scan(src, &parts, stop) {
+                Ok(Some(summary)) => summary.publish(metrics, src, &mut shown),
+                Ok(None) => {} // stopped mid-pass
+                Err(e) => warn!(error = %e, "Scanning the state store for metrics failed; retrying next pass"),
+            }
+        }
+        std::thread::sleep(TICK);
+    }
+}
+
+/// Label values set by the previous pass (to remove those that are gone).
+#[derive(Default)]
+struct Shown {
+    partitions: BTreeSet<String>,
+    unconfirmed: BTreeSet<String>,
+    review: BTreeSet<String>,
+}
+
+fn sample_lag(
+    metrics: &Metrics,
+    client: &BaseConsumer,
+    topic: &str,
+    owned: &BTreeMap<i32, i64>,
+    shown: &mut BTreeSet<String>,
+) {
+    let mut now = BTreeSet::new();
+    for (p, next) in owned {
+        match client.fetch_watermarks(topic, *p, Duration::from_secs(2)) {
+            Ok((_, high)) => {
+                let label = p.to_string();
+                metrics.consumer_lag.with_label_values(&[label.as_str()]).set((high - next).max(0));
+                now.insert(label);
+            }
+            Err(e) => warn!(partition = p, error = %e, "Reading the high watermark for lag failed"),
+        }
+    }
+    for gone in shown.difference(&now) {
+        let _ = metrics.consumer_lag.remove_label_values(&[gone.as_str()]);
+    }
+    // A partition whose watermark could not be read keeps its last value.
+    shown.retain(|l| owned.contains_key(&l.parse().unwrap_or(-1)));
+    shown.extend(now);
+}
+
+/// What one pass found.
+#[derive(Default)]
+struct Summary {
+    by_state: BTreeMap<Status, i64>,
+    /// Operation type → earliest `requested_at` among operations awaiting evidence.
+    oldest_requested: HashMap<String, i64>,
+    /// Operation type → (count, earliest `review_since`).
+    review: HashMap<String, (i64, i64)>,
+    operations: i64,
+    took: Duration,
+}
+
+fn scan(src: &Source, parts: &BTreeSet<i32>, stop: &AtomicBool) -> Result<Option<Summary>, crate::store::StoreError> {
+    let started = Instant::now();
+    let rate = src.scan_ops_per_sec.max(1) as f64;
+    let mut s = Summary::default();
+    let mut stopped = false;
+    for p in parts {
+        src.store.scan_ops(*p, |op| {
+            s.add(&op);
+            if s.operations % 1024 == 0 {
+                if stop.load(Ordering::SeqCst) {
+                    stopped = true;
+                    return false;
+                }
+                // Rate limit: the pass may not run ahead of its budget.
+                let budget = Duration::from_secs_f64(s.operations as f64 / rate);
+                if let Some(ahead) = budget.checked_sub(started.elapsed()) {
+                    std::thread::sleep(ahead);
+                }
+            }
+            true
+        })?;
+        if stopped {
+            return Ok(None);
+        }
+    }
+    s.took = started.elapsed();
+    Ok(Some(s))
+}
+
+impl Summary {
+    fn add(&mut self, op: &OperationState) {
+        self.operations += 1;
+        *self.by_state.entry(op.status).or_default() += 1;
+        if op.awaits_evidence() {
+            if let Some(r) = &op.request {
+                let e = self.oldest_requested.entry(op.operation_type.clone()).or_insert(r.requested_at);
+                *e = (*e).min(r.requested_at);
+            }
+        }
+        if op.status == Status::ManualReview {
+            let since = op.review_since.unwrap_or(op.last_event_at);
+            let e = self.review.entry(op.operation_type.clone()).or_insert((0, since));
+            e.0 += 1;
+            e.1 = e.1.min(since);
+        }
+    }
+
+    fn publish(self, m: &Metrics, src: &Source, shown: &mut Shown) {
+        for st in Status::ALL {
+            m.operations.with_label_values(&[st.as_str()]).set(self.by_state.get(&st).copied().unwrap_or(0));
+        }
+        let now = (src.clock)();
+        let age = |at: i64| (now - at).max(0) as f64 / 1000.0;
+        // Several raw types may share the `other` label: keep the oldest.
+        let mut oldest: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for (ty, at) in &self.oldest_requested {
+            let label = m.type_label(ty).to_owned();
+            let window = src.policy.confirm_within(if label == super::OTHER_TYPE { "" } else { ty }, None);
+            let e = oldest.entry(label).or_insert((*at, window));
+            e.0 = e.0.min(*at);
+        }
+        for (label, (at, window)) in &oldest {
+            m.oldest_unconfirmed.with_label_values(&[label.as_str()]).set(age(*at));
+            m.confirm_window.with_label_values(&[label.as_str()]).set(*window as f64 / 1000.0);
+        }
+        let now_labels: BTreeSet<String> = oldest.into_keys().collect();
+        for gone in shown.unconfirmed.difference(&now_labels) {
+            let _ = m.oldest_unconfirmed.remove_label_values(&[gone.as_str()]);
+            let _ = m.confirm_window.remove_label_values(&[gone.as_str()]);
+        }
+        shown.unconfirmed = now_labels;
+
+        let mut review: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for (ty, (n, since)) in &self.review {
+            let e = review.entry(m.type_label(ty).to_owned()).or_insert((0, *since));
+            e.0 += n;
+            e.1 = e.1.min(*since);
+        }
+        for (label, (n, since)) in &review {
+            m.review_open.with_label_values(&[label.as_str()]).set(*n);
+            m.review_oldest.with_label_values(&[label.as_str()]).set(age(*since));
+        }
+        let now_labels: BTreeSet<String> = review.into_keys().collect();
+        for gone in shown.review.difference(&now_labels) {
+            // An emptied queue shows 0 rather than vanishing, so that
+            // "review queue size" panels and alerts see it drop.
+            m.review_open.with_label_values(&[gone.as_str()]).set(0);
+            let _ = m.review_oldest.remove_label_values(&[gone.as_str()]);
+        }
+        shown.review.extend(now_labels);
+        m.scan_duration.set(self.took.as_secs_f64());
+        m.scan_operations.set(self.operations);
+    }
+}

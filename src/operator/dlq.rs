@@ -1,0 +1,233 @@
+//! Dead letters: `dlq inspect` shows them with their provenance, `dlq
+//! redrive` re-publishes chosen ones to the input topic after a fix (a new
+//! schema shipped, a larger size limit, a corrected producer config).
+//!
+//! A re-driven record is the dead letter's key, value and original headers,
+//! unchanged; the reconciler's provenance headers are stripped and one
+//! header is added, `reconciler.redriven.from` = `topic/partition/offset`
+//! of the dead letter, so the input log itself records the re-drive. It goes
+//! to the partition it was first read from (beside its entity's other
+//! events). Re-driving twice is harmless for valid events: the core counts
+//! the second copy as a duplicate delivery.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::OperatorError;
+use crate::kafka::producer::Publisher;
+use crate::kafka::reader::read_to_end;
+use crate::kafka::Record;
+use crate::store::OutboxRecord;
+
+/// Prefix of the headers the reconciler adds to dead letters.
+pub const PROVENANCE_PREFIX: &str = "reconciler.";
+/// Added to a re-driven record: where its dead letter was.
+pub const REDRIVEN_FROM: &str = "reconciler.redriven.from";
+
+/// How long reading a whole DLQ may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where a dead letter's record was first read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Source {
+    pub topic: String,
+    pub partition: Option<i32>,
+    pub offset: Option<i64>,
+    pub timestamp: Option<i64>,
+}
+
+/// One dead letter and its provenance.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
+    /// The key as text (lossy UTF-8).
+    pub key: Option<String>,
+    /// Length of the value kept in the DLQ (`None`: null value).
+    pub value_bytes: Option<usize>,
+    pub class: String,
+    pub message: String,
+    pub source: Source,
+    /// Set when the value was cut to fit a producer (oversize): its
+    /// original length. Such a dead letter cannot be re-driven.
+    pub truncated_from: Option<usize>,
+    /// The record had been re-driven before (from this dead letter).
+    pub redriven_from: Option<String>,
+    /// The record's own headers (without the reconciler's), lossy UTF-8.
+    pub headers: Vec<(String, Option<String>)>,
+    #[serde(skip)]
+    pub record: Record,
+}
+
+/// Which dead letters to take.
+#[derive(Debug, Clone, Default)]
+pub struct DlqFilter {
+    /// Error class (`bad_magic`, `oversize`, ...; see `DecodeError::CLASSES`).
+    pub class: Option<String>,
+    /// Exact dead letters, as (DLQ partition, DLQ offset).
+    pub positions: Vec<(i32, i64)>,
+    /// At most this many (the oldest first).
+    pub limit: Option<usize>,
+}
+
+impl DlqFilter {
+    fn selects(&self, d: &DeadLetter) -> bool {
+        self.class.as_ref().is_none_or(|c| *c == d.class)
+            && (self.positions.is_empty() || self.positions.contains(&(d.partition, d.offset)))
+    }
+}
+
+fn header<'a>(r: &'a Record, name: &str) -> Option<&'a [u8]> {
+    r.headers.iter().rev().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref())
+}
+
+fn text(r: &Record, name: &str) -> Option<String> {
+    header(r, name).map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+fn parsed<T: std::str::FromStr>(r: &Record, name: &str) -> Option<T> {
+    text(r, name).and_then(|s| s.parse().ok())
+}
+
+/// A DLQ record read back, with its provenance headers parsed.
+pub fn dead_letter(r: Record) -> DeadLetter {
+    DeadLetter {
+        partition: r.partition,
+        offset: r.offset,
+        timestamp: r.timestamp,
+        key: r.key.as_deref().map(|k| String::from_utf8_lossy(k).into_owned()),
+        value_bytes: r.value.as_ref().map(Vec::len),
+        class: text(&r, "reconciler.error.class").unwrap_or_default(),
+        message: text(&r, "reconciler.error.message").unwrap_or_default(),
+        source: Source {
+            topic: text(&r, "reconciler.source.topic").unwrap_or_default(),
+            partition: parsed(&r, "reconciler.source.partition"),
+            offset: parsed(&r, "reconciler.source.offset"),
+            timestamp: parsed(&r, "reconciler.source.timestamp"),
+        },
+        truncated_from: parsed(&r, "reconciler.value.truncated"),
+        redriven_from: text(&r, REDRIVEN_FROM),
+        headers: r
+            .headers
+            .iter()
+            .filter(|(k, _)| !k.starts_with(PROVENANCE_PREFIX))
+            .map(|(k, v)| (k.clone(), v.as_deref().map(|v| String::from_utf8_lossy(v).into_owned())))
+            .collect(),
+        record: r,
+    }
+}
+
+/// The dead letters of `dlq_topic` that `filter` selects, oldest first
+/// (by DLQ partition and offset).
+pub fn inspect(
+    kafka: &BTreeMap<String, String>,
+    dlq_topic: &str,
+    filter: &DlqFilter,
+) -> Result<Vec<DeadLetter>, OperatorError> {
+    let mut out: Vec<DeadLetter> = read_to_end(kafka, dlq_topic, READ_TIMEOUT)?
+        .into_iter()
+        .map(dead_letter)
+        .filter(|d| filter.selects(d))
+        .collect();
+    if let Some(n) = filter.limit {
+        out.truncate(n);
+    }
+    Ok(out)
+}
+
+/// The input record that re-drives `d`, and its partition.
+pub fn redrive_record(d: &DeadLetter, input_topic: &str) -> Result<(OutboxRecord, Option<i32>), String> {
+    if let Some(len) = d.truncated_from {
+        return Err(format!(
+            "its value was truncated from {len} bytes in the DLQ; the original is not there to re-drive"
+        ));
+    }
+    let r = &d.record;
+    let mut headers: Vec<(String, Option<Vec<u8>>)> =
+        r.headers.iter().filter(|(k, _)| !k.starts_with(PROVENANCE_PREFIX)).cloned().collect();
+    headers.push((REDRIVEN_FROM.to_owned(), Some(format!("{}/{}/{}", r.topic, r.partition, r.offset).into_bytes())));
+    let rec = OutboxRecord { topic: input_topic.to_owned(), key: r.key.clone(), value: r.value.clone(), headers };
+    // Its first partition when it came from the input topic; else by key.
+    let partition = d.source.partition.filter(|_| d.source.topic == input_topic);
+    Ok((rec, partition))
+}
+
+/// One dead letter of a re-drive.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedriveItem {
+    pub dlq_partition: i32,
+    pub dlq_offset: i64,
+    pub class: String,
+    pub key: Option<String>,
+    /// The input partition it goes to (`None`: chosen by key).
+    pub to_partition: Option<i32>,
+    /// Why it was not sent (`None`: sent, or would be in a dry run).
+    pub skipped: Option<String>,
+}
+
+/// What a re-drive did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedriveReport {
+    pub dry_run: bool,
+    pub sent: usize,
+    pub skipped: usize,
+    pub items: Vec<RedriveItem>,
+}
+
+/// Re-publishes the dead letters `filter` selects to `input_topic`
+/// (nothing in a dry run). The filter must select something explicitly:
+/// a class or positions.
+pub fn redrive(
+    kafka: &BTreeMap<String, String>,
+    dlq_topic: &str,
+    input_topic: &str,
+    filter: &DlqFilter,
+    max_record_bytes: usize,
+    dry_run: bool,
+) -> Result<RedriveReport, OperatorError> {
+    if filter.class.is_none() && filter.positions.is_empty() {
+        return Err(OperatorError::Invalid(
+            "choose what to re-drive: an error class or dead-letter positions (partition:offset)".into(),
+        ));
+    }
+    let letters = inspect(kafka, dlq_topic, filter)?;
+    let mut items = Vec::new();
+    let mut records = Vec::new();
+    for d in &letters {
+        let (to_partition, skipped) = match redrive_record(d, input_topic) {
+            Ok((rec, p)) => {
+                records.push((rec, p, d));
+                (p, None)
+            }
+            Err(why) => (None, Some(why)),
+        };
+        items.push(RedriveItem {
+            dlq_partition: d.partition,
+            dlq_offset: d.offset,
+            class: d.class.clone(),
+            key: d.key.clone(),
+            to_partition,
+            skipped,
+        });
+    }
+    if !dry_run && !records.is_empty() {
+        let publisher = Publisher::new(kafka, max_record_bytes + crate::pipeline::DLQ_HEADER_ROOM)?;
+        publisher.publish_all(records.iter().map(|(r, p, _)| (r, *p)))?;
+        for (_, p, d) in &records {
+            tracing::info!(
+                dlq_partition = d.partition,
+                dlq_offset = d.offset,
+                class = %d.class,
+                key = d.key.as_deref().unwrap_or(""),
+                to_topic = input_topic,
+                to_partition = ?p,
+                "Dead letter re-driven"
+            );
+        }
+    }
+    let sent = records.len();
+    Ok(RedriveReport { dry_run, sent, skipped: items.len() - sent, items })
+}

@@ -1,0 +1,169 @@
+//! `explain`: one operation's state, expected against observed evidence,
+//! and its timeline (every record that arrived for it, in arrival order).
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::core::event::Decision;
+use crate::core::operation::LastVerdict;
+use crate::core::{OperationState, Status};
+use crate::store::{Store, StoreError, TimelineEntry};
+
+/// What the operation was supposed to do (from its `Requested`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Expected {
+    pub requested_at: i64,
+    pub version: Option<i64>,
+    pub fingerprint: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub idempotent: bool,
+    pub destination: String,
+    pub confirm_within_ms: i64,
+    pub max_attempts: i32,
+}
+
+/// What the evidence so far shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Observed {
+    pub version: Option<i64>,
+    pub fingerprint: Option<String>,
+    pub remote_ids: Vec<String>,
+    pub attempts: i32,
+    pub started: bool,
+    pub last_event_at: i64,
+}
+
+/// Counters of the operation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Counts {
+    pub events_applied: i64,
+    pub duplicates_seen: i64,
+    pub out_of_order_seen: i64,
+    /// Events waiting in the reorder buffer now.
+    pub held_now: usize,
+    /// Events recorded as orphans, waiting for their `Requested`.
+    pub orphaned_now: usize,
+    pub verdicts: u32,
+}
+
+/// One timeline entry with what the whole timeline says about it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelineRow {
+    #[serde(flatten)]
+    pub entry: TimelineEntry,
+    /// 1 for the first arrival of this event_id, 2 for the first
+    /// redelivery, ...
+    pub delivery: u32,
+    /// How many times this event_id arrived (in the retained timeline).
+    pub deliveries: u32,
+    /// A held event still waiting (reorder buffer or orphaned); false for a
+    /// held event applied later, once its gap filled or was given up.
+    pub still_held: bool,
+}
+
+/// Everything `explain` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Explanation {
+    pub operation_id: String,
+    pub entity_id: String,
+    pub operation_type: String,
+    pub partition: i32,
+    pub state: Status,
+    pub deadline_at: Option<i64>,
+    pub review_since: Option<i64>,
+    pub terminal_at: Option<i64>,
+    /// `None` while the `Requested` has not arrived.
+    pub expected: Option<Expected>,
+    pub observed: Observed,
+    pub counts: Counts,
+    pub last_verdict: Option<LastVerdict>,
+    /// Decisions `resolve` would accept now (empty outside review).
+    pub allowed_decisions: Vec<Decision>,
+    pub timeline: Vec<TimelineRow>,
+    /// Early timeline entries overwritten by the per-operation cap.
+    pub timeline_dropped: u64,
+}
+
+/// The partition holding `operation_id` and its state, if this store has it.
+pub fn locate(store: &Store, operation_id: &str) -> Result<Option<(i32, OperationState)>, StoreError> {
+    for p in store.partitions()? {
+        if let Some(op) = store.get_op(p, operation_id)? {
+            return Ok(Some((p, op)));
+        }
+    }
+    Ok(None)
+}
+
+/// Decisions `op` accepts now, by the core's own rule.
+pub fn allowed_decisions(op: &OperationState) -> Vec<Decision> {
+    Decision::ALL.into_iter().filter(|d| op.check_decision(*d).is_ok()).collect()
+}
+
+/// Explains `operation_id`; `None` when the store does not know it (never
+/// seen here, or removed after retention).
+pub fn explain(store: &Store, operation_id: &str) -> Result<Option<Explanation>, StoreError> {
+    let Some((partition, op)) = locate(store, operation_id)? else { return Ok(None) };
+    let timeline = store.timeline(partition, operation_id)?;
+    let mut arrivals: HashMap<&str, u32> = HashMap::new();
+    for e in &timeline.entries {
+        *arrivals.entry(e.event_id.as_str()).or_default() += 1;
+    }
+    let waiting = |id: &str| op.held.iter().chain(&op.orphaned).any(|h| h.event.event_id == id);
+    let mut seen: HashMap<&str, u32> = HashMap::new();
+    let rows = timeline
+        .entries
+        .iter()
+        .map(|e| {
+            let n = seen.entry(e.event_id.as_str()).or_default();
+            *n += 1;
+            TimelineRow {
+                entry: e.clone(),
+                delivery: *n,
+                deliveries: arrivals[e.event_id.as_str()],
+                still_held: e.disposition == crate::core::Disposition::Held && waiting(&e.event_id),
+            }
+        })
+        .collect();
+    let expected = op.request.as_ref().map(|r| Expected {
+        requested_at: r.requested_at,
+        version: r.expected_version,
+        fingerprint: r.expected_fingerprint.clone(),
+        idempotency_key: r.idempotency_key.clone(),
+        idempotent: r.idempotent,
+        destination: r.destination.clone(),
+        confirm_within_ms: r.confirm_within_ms,
+        max_attempts: r.max_attempts,
+    });
+    Ok(Some(Explanation {
+        operation_id: op.operation_id.clone(),
+        entity_id: op.entity_id.clone(),
+        operation_type: op.operation_type.clone(),
+        partition,
+        state: op.status,
+        deadline_at: op.deadline_at,
+        review_since: op.review_since,
+        terminal_at: op.terminal_at,
+        expected,
+        observed: Observed {
+            version: op.observed_version,
+            fingerprint: op.observed_fingerprint.clone(),
+            remote_ids: op.remote_ids.clone(),
+            attempts: op.attempts,
+            started: op.started,
+            last_event_at: op.last_event_at,
+        },
+        counts: Counts {
+            events_applied: op.events_applied,
+            duplicates_seen: op.duplicates_seen,
+            out_of_order_seen: op.out_of_order_seen,
+            held_now: op.held.len(),
+            orphaned_now: op.orphaned.len(),
+            verdicts: op.verdict_count,
+        },
+        allowed_decisions: allowed_decisions(&op),
+        last_verdict: op.last_verdict,
+        timeline: rows,
+        timeline_dropped: timeline.dropped(),
+    }))
+}

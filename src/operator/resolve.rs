@@ -1,0 +1,117 @@
+//! `resolve`: a person's decision on a review case, as a `ManualDecision`
+//! event in the input log. State is never edited here: the pipeline applies
+//! the decision when it consumes it, like any other event, so the decision
+//! is replayed, audited and shown in the operation's timeline.
+//!
+//! The decision is checked first with the core's own rule
+//! ([`OperationState::check_decision`]); the pipeline checks it again when
+//! it applies it (the state may have moved on in between: then the event is
+//! recorded as an INVALID_TRANSITION and the timeline shows it).
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::explain::locate;
+use super::OperatorError;
+use crate::codec::Codec;
+use crate::core::event::{Body, Decision, Event};
+use crate::core::OperationState;
+use crate::kafka::producer::Publisher;
+use crate::store::{OutboxRecord, Store};
+
+/// Namespace of manual-decision event ids.
+const NAMESPACE: Uuid = Uuid::from_u128(0x3b0d_52a4_91c7_4e0c_8f6e_7d21_aa90_5c13);
+
+/// The `producer` of decisions published by the operator tools.
+pub const PRODUCER: &str = "reconciler-operator";
+
+/// A decision as a person enters it.
+#[derive(Debug, Clone)]
+pub struct ResolveRequest {
+    pub operation_id: String,
+    pub decision: Decision,
+    pub actor: String,
+    pub note: String,
+    pub evidence_checked: Vec<String>,
+}
+
+/// A checked decision, ready to publish.
+#[derive(Debug, Clone, Serialize)]
+pub struct PreparedDecision {
+    /// The operation's partition: the event goes there, beside its state.
+    pub partition: i32,
+    pub event: Event,
+}
+
+/// Checks `req` against the operation's state in `store` and builds its
+/// event, stamped with wall-clock time `now` (ms).
+///
+/// The event id is derived from the review round (the last verdict) and the
+/// decision's content: sending the same decision twice yields one event id,
+/// which the core then counts as a duplicate delivery.
+pub fn prepare(store: &Store, req: &ResolveRequest, now: i64) -> Result<PreparedDecision, OperatorError> {
+    if req.actor.trim().is_empty() {
+        return Err(OperatorError::Invalid("the actor (who decides) must not be empty".into()));
+    }
+    if req.note.trim().is_empty() {
+        return Err(OperatorError::Invalid("the note (why) must not be empty".into()));
+    }
+    let (partition, op) =
+        locate(store, &req.operation_id)?.ok_or_else(|| OperatorError::NotFound(req.operation_id.clone()))?;
+    check(&op, req.decision)?;
+    let round = op.last_verdict.as_ref().map_or("", |v| v.verdict_id.as_str());
+    let parts =
+        [&op.operation_id, round, req.decision.as_str(), &req.actor, &req.note, &req.evidence_checked.join("\u{1e}")];
+    let event_id = Uuid::new_v5(&NAMESPACE, parts.join("\u{1f}").as_bytes()).to_string();
+    let event = Event {
+        event_id,
+        operation_id: op.operation_id.clone(),
+        entity_id: op.entity_id.clone(),
+        operation_type: op.operation_type.clone(),
+        // An outside observation, not a revision of the operation record.
+        seq: None,
+        occurred_at: now,
+        producer: PRODUCER.to_owned(),
+        body: Body::ManualDecision {
+            actor: req.actor.clone(),
+            decision: req.decision,
+            note: req.note.clone(),
+            evidence_checked: req.evidence_checked.clone(),
+        },
+    };
+    Ok(PreparedDecision { partition, event })
+}
+
+/// The core's refusal as an operator error.
+pub fn check(op: &OperationState, decision: Decision) -> Result<(), OperatorError> {
+    op.check_decision(decision).map_err(|refusal| OperatorError::Refused {
+        operation_id: op.operation_id.clone(),
+        decision: decision.as_str(),
+        refusal,
+    })
+}
+
+/// The record to publish to input topic `topic`: keyed by entity_id.
+pub fn record(codec: &Codec, topic: &str, d: &PreparedDecision) -> Result<OutboxRecord, OperatorError> {
+    Ok(OutboxRecord {
+        topic: topic.to_owned(),
+        key: Some(d.event.entity_id.clone().into_bytes()),
+        value: Some(codec.encode_event(&d.event)?),
+        headers: Vec::new(),
+    })
+}
+
+/// Publishes a prepared decision to the operation's partition of `topic`
+/// and waits for the broker's acknowledgement.
+pub fn publish(publisher: &Publisher, codec: &Codec, topic: &str, d: &PreparedDecision) -> Result<(), OperatorError> {
+    let rec = record(codec, topic, d)?;
+    publisher.publish_all([(&rec, Some(d.partition))])?;
+    tracing::info!(
+        operation_id = %d.event.operation_id,
+        entity_id = %d.event.entity_id,
+        event_id = %d.event.event_id,
+        decision = ?d.event.body,
+        "Manual decision published"
+    );
+    Ok(())
+}

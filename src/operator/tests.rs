@@ -1,0 +1,191 @@
+//! The data layer against a real RocksDB store, driven the way the
+//! pipeline drives it: `Arrival` → `core::apply` → `Recorder` → one batch.
+
+use super::*;
+use crate::core::event::{Body, Decision, EffectObserved, Event, EvidenceSource, Requested, SourcePos};
+use crate::core::{apply, Disposition, Policy, Status};
+use crate::store::{Batch, Store};
+
+struct Harness {
+    store: Store,
+    policy: Policy,
+    offset: i64,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ev(id: &str, seq: Option<i64>, at: i64, body: Body) -> Event {
+    Event {
+        event_id: id.into(),
+        operation_id: "op-1".into(),
+        entity_id: "cust-1".into(),
+        operation_type: "sync_customer".into(),
+        seq,
+        occurred_at: at,
+        producer: "test".into(),
+        body,
+    }
+}
+
+fn requested() -> Body {
+    Body::Requested(Requested {
+        expected_version: Some(7),
+        idempotent: false,
+        destination: "crm".into(),
+        ..Default::default()
+    })
+}
+
+fn observed(version: i64) -> Body {
+    Body::EffectObserved(EffectObserved {
+        remote_id: Some("crm-1".into()),
+        observed_version: Some(version),
+        observed_fingerprint: None,
+        source: EvidenceSource::DestinationQuery,
+        evidence_ref: None,
+    })
+}
+
+impl Harness {
+    fn new(name: &str) -> Harness {
+        let dir = std::env::temp_dir().join(format!("reconciler-operator-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir, "t.events", false).unwrap();
+        Harness { store, policy: Policy::default(), offset: 0, _dir: TempDir(dir) }
+    }
+
+    /// One batch of events on partition 0, as the pipeline writes it.
+    fn batch(&mut self, events: Vec<Event>) -> Vec<Disposition> {
+        let mut batch = Batch::default();
+        let mut rec = timeline::Recorder::default();
+        let mut slot = self.store.get_op(0, "op-1").unwrap();
+        let before = slot.as_ref().and_then(|s| s.timer_at);
+        let mut entity = self.store.get_entity(0, "cust-1").unwrap();
+        let mut out = Vec::new();
+        let mut ds = Vec::new();
+        for e in events {
+            let pos = SourcePos { partition: 0, offset: self.offset };
+            self.offset += 1;
+            let a = timeline::Arrival::of(&e, pos, &self.policy);
+            let d = apply(&self.policy, &mut slot, &mut entity, e, pos, &mut out);
+            rec.record(&self.store, a, d, &out, slot.is_some()).unwrap();
+            out.clear();
+            ds.push(d);
+        }
+        batch.move_timer(0, "op-1", before, slot.as_ref());
+        batch.put_op(0, "op-1".into(), slot);
+        batch.put_entity(0, "cust-1".into(), entity);
+        batch.set_offset(0, self.offset);
+        rec.write_to(&mut batch);
+        self.store.commit(batch).unwrap();
+        ds
+    }
+}
+
+#[test]
+fn explain_shows_redeliveries_and_held_events_in_arrival_order() {
+    let mut h = Harness::new("explain");
+    let t = 1_000;
+    h.batch(vec![ev("e1", Some(1), t, requested()), ev("e3", Some(3), t + 2, observed(7))]);
+    // A redelivery of e1 and the gap filler, in a later batch.
+    let ds = h.batch(vec![
+        ev("e1", Some(1), t, requested()),
+        ev("e2", Some(2), t + 1, Body::Started { attempt: 1, worker: "w".into() }),
+    ]);
+    assert_eq!(ds, vec![Disposition::Duplicate, Disposition::Applied]);
+    let x = explain(&h.store, "op-1").unwrap().expect("known operation");
+    assert_eq!(x.state, Status::Confirmed);
+    let rows: Vec<(i64, &str, Disposition, u32, u32, bool)> = x
+        .timeline
+        .iter()
+        .map(|r| {
+            (r.entry.offset, r.entry.event_id.as_str(), r.entry.disposition, r.delivery, r.deliveries, r.still_held)
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (0, "e1", Disposition::Applied, 1, 2, false),
+            (1, "e3", Disposition::Held, 1, 1, false),
+            (2, "e1", Disposition::Duplicate, 2, 2, false),
+            (3, "e2", Disposition::Applied, 1, 1, false),
+        ]
+    );
+    // The verdict shows where it was decided: when e2 released e3.
+    assert_eq!(x.timeline[3].entry.verdicts.len(), 1);
+    assert_eq!(x.timeline[3].entry.verdicts[0].trigger_event_id, "e3");
+    assert!(x.timeline[1].entry.anomalies.iter().any(|a| a.kind.as_str() == "OUT_OF_ORDER"));
+    assert!(x.timeline[2].entry.anomalies.iter().any(|a| a.kind.as_str() == "DUPLICATE_DELIVERY"));
+    assert_eq!(x.expected.as_ref().unwrap().version, Some(7));
+    assert_eq!(x.observed.version, Some(7));
+    assert!(explain(&h.store, "op-unknown").unwrap().is_none());
+    serde_json::to_string(&x).unwrap();
+}
+
+#[test]
+fn review_lists_the_case_and_resolve_checks_with_the_cores_rule() {
+    let mut h = Harness::new("review");
+    let t = 10_000;
+    h.batch(vec![ev("e1", Some(1), t, requested()), ev("e2", None, t + 5, observed(6))]);
+    let q = review(&h.store, &ReviewFilter::default(), t + 65).unwrap();
+    assert_eq!(q.len(), 1);
+    assert_eq!((q[0].operation_id.as_str(), q[0].age_ms, q[0].since), ("op-1", 60, t + 5));
+    assert_eq!(q[0].outcome.map(|o| o.as_str()), Some("DIVERGENT"));
+    assert_eq!(q[0].allowed_decisions, vec![Decision::Confirm, Decision::Requeue, Decision::Close]);
+    let older = ReviewFilter { older_than_ms: Some(61), ..Default::default() };
+    assert!(review(&h.store, &older, t + 65).unwrap().is_empty());
+    let other = ReviewFilter { operation_type: Some("other".into()), ..Default::default() };
+    assert!(review(&h.store, &other, t + 65).unwrap().is_empty());
+
+    let req = |decision| ResolveRequest {
+        operation_id: "op-1".into(),
+        decision,
+        actor: "ana".into(),
+        note: "CRM shows v6, accepted".into(),
+        evidence_checked: vec!["crm".into()],
+    };
+    let err = resolve::prepare(&h.store, &req(Decision::Compensate), t + 70).unwrap_err();
+    assert!(err.to_string().contains("COMPENSATE is allowed only after a DUPLICATE_EFFECT"), "{err}");
+    let d = resolve::prepare(&h.store, &req(Decision::Confirm), t + 70).unwrap();
+    assert_eq!(d.partition, 0);
+    assert_eq!(d.event.event_id, resolve::prepare(&h.store, &req(Decision::Confirm), t + 99).unwrap().event.event_id);
+    // Applied through the "log": out of review, decision in the timeline.
+    assert_eq!(h.batch(vec![d.event.clone()]), vec![Disposition::Applied]);
+    assert!(review(&h.store, &ReviewFilter::default(), t + 100).unwrap().is_empty());
+    let x = explain(&h.store, "op-1").unwrap().unwrap();
+    let last = x.timeline.last().unwrap();
+    assert_eq!(last.entry.manual.as_ref().unwrap().actor, "ana");
+    assert_eq!(last.entry.verdicts[0].outcome.as_str(), "CORRECT");
+    let err = resolve::prepare(&h.store, &req(Decision::Confirm), t + 120).unwrap_err();
+    assert!(err.to_string().contains("in state CONFIRMED"), "{err}");
+}
+
+#[test]
+fn timeline_keeps_the_latest_entries_up_to_the_cap_and_the_digest_is_stable() {
+    let mut h = Harness::new("cap");
+    h.batch(vec![ev("e1", Some(1), 0, requested())]);
+    let digest = state_digest(&h.store).unwrap();
+    let cap = crate::store::timeline::TIMELINE_CAP as usize;
+    let n = cap + 10;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+        h.batch(chunk.iter().map(|_| ev("e1", Some(1), 0, requested())).collect());
+    }
+    let x = explain(&h.store, "op-1").unwrap().unwrap();
+    assert_eq!(x.timeline.len(), cap);
+    assert_eq!(x.timeline_dropped, (n + 1 - cap) as u64);
+    assert_eq!(x.timeline.last().unwrap().entry.ordinal, n as u64);
+    assert!(x.timeline.windows(2).all(|w| w[0].entry.ordinal + 1 == w[1].entry.ordinal));
+    // Duplicates changed the counters: the digest moves; it is a function
+    // of the state only.
+    let after = state_digest(&h.store).unwrap();
+    assert_ne!(after.digest, digest.digest);
+    assert_eq!((after.operations, after.entities), (1, 1));
+    assert_eq!(after, state_digest(&h.store).unwrap());
+}

@@ -1,0 +1,172 @@
+//! Recording the timeline on the hot path. The pipeline takes an
+//! [`Arrival`] of each event before the core consumes it, hands it back
+//! with the disposition and outputs, and writes the batch's entries with
+//! the state ([`Recorder::write_to`]).
+//!
+//! Cost per batch: one point read per operation touched (its timeline
+//! head), one small put per record and one per operation.
+
+use std::collections::HashMap;
+
+use crate::core::event::{Body, Event, SourcePos};
+use crate::core::output::ManualDecisionRecord;
+use crate::core::{Disposition, Output, Policy};
+use crate::store::timeline::{AnomalyNote, VerdictNote};
+use crate::store::{Batch, Store, StoreError, TimelineEntry};
+
+/// What the timeline keeps of an event, taken before `core::apply`
+/// consumes it.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    operation_id: String,
+    pos: SourcePos,
+    event_id: String,
+    seq: Option<i64>,
+    body: &'static str,
+    occurred_at: i64,
+    producer: String,
+    summary: String,
+    manual: Option<ManualDecisionRecord>,
+}
+
+impl Arrival {
+    /// Takes what the timeline needs of `ev` (the decision note redacted as
+    /// the core redacts it).
+    pub fn of(ev: &Event, pos: SourcePos, policy: &Policy) -> Arrival {
+        let manual = match &ev.body {
+            Body::ManualDecision { actor, decision, note, evidence_checked } => Some(ManualDecisionRecord {
+                actor: actor.clone(),
+                decision: *decision,
+                note: policy.redactor.redact(note).into_owned(),
+                evidence_checked: evidence_checked.clone(),
+            }),
+            _ => None,
+        };
+        Arrival {
+            operation_id: ev.operation_id.clone(),
+            pos,
+            event_id: ev.event_id.clone(),
+            seq: ev.seq,
+            body: ev.body.name(),
+            occurred_at: ev.occurred_at,
+            producer: ev.producer.clone(),
+            summary: summary(&ev.body),
+            manual,
+        }
+    }
+}
+
+/// The structured fields of a body in one line. Free text that may carry
+/// personal data (`detail`, `evidence_ref`) is left out.
+pub fn summary(body: &Body) -> String {
+    let opt = |v: Option<i64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    match body {
+        Body::Requested(r) => format!(
+            "expects version {} fingerprint {}; {}idempotent; key {}; to {}",
+            opt(r.expected_version),
+            r.expected_fingerprint.as_deref().unwrap_or("-"),
+            if r.idempotent { "" } else { "not " },
+            r.idempotency_key.as_deref().unwrap_or("-"),
+            r.destination
+        ),
+        Body::Started { attempt, worker } => format!("attempt {attempt} by {worker}"),
+        Body::AttemptFailed { attempt, error_class, error_code, .. } => {
+            format!("attempt {attempt} failed {error_class:?} ({error_code})")
+        }
+        Body::OutcomeUnknown { attempt, .. } => format!("attempt {attempt}: outcome unknown"),
+        Body::EffectObserved(o) => format!(
+            "{:?} saw remote id {} version {} fingerprint {}",
+            o.source,
+            o.remote_id.as_deref().unwrap_or("-"),
+            opt(o.observed_version),
+            o.observed_fingerprint.as_deref().unwrap_or("-")
+        ),
+        Body::EffectAbsent { source, .. } => format!("{source:?} found no effect"),
+        Body::Compensated { actor, reason } => format!("compensated by {actor}: {reason}"),
+        Body::Cancelled { reason } => format!("cancelled: {reason}"),
+        Body::ManualDecision { actor, decision, .. } => format!("{} by {actor}", decision.as_str()),
+        Body::DeadlineReached { deadline } => format!("deadline {deadline} reached"),
+    }
+}
+
+/// The timeline entries of one batch.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    /// (partition, operation) → entries recorded so far, in all.
+    totals: HashMap<(i32, String), u64>,
+    entries: Vec<(i32, String, TimelineEntry)>,
+}
+
+impl Recorder {
+    /// Records what became of `arrival`: its disposition and the outputs
+    /// its processing produced. `exists` is whether the operation still
+    /// exists afterwards (a timer for a removed operation leaves no trace
+    /// that nothing would ever delete).
+    pub fn record(
+        &mut self,
+        store: &Store,
+        a: Arrival,
+        disposition: Disposition,
+        outputs: &[Output],
+        exists: bool,
+    ) -> Result<(), StoreError> {
+        if !exists {
+            return Ok(());
+        }
+        let p = a.pos.partition;
+        let key = (p, a.operation_id);
+        let total = match self.totals.get_mut(&key) {
+            Some(t) => t,
+            None => {
+                let t = store.timeline_total(p, &key.1)?;
+                self.totals.entry(key.clone()).or_insert(t)
+            }
+        };
+        let mut anomalies = Vec::new();
+        let mut verdicts = Vec::new();
+        for o in outputs {
+            match o {
+                Output::Anomaly(x) => {
+                    anomalies.push(AnomalyNote { kind: x.kind, event_id: x.event_id.clone(), detail: x.detail.clone() })
+                }
+                Output::Verdict(v) => verdicts.push(VerdictNote {
+                    verdict_id: v.verdict_id.clone(),
+                    outcome: v.outcome,
+                    action: v.action,
+                    state: v.state,
+                    reason: v.reason.clone(),
+                    trigger_event_id: v.trigger_event_id.clone(),
+                }),
+                Output::Command(_) => {}
+            }
+        }
+        let entry = TimelineEntry {
+            ordinal: *total,
+            partition: p,
+            offset: a.pos.offset,
+            event_id: a.event_id,
+            seq: a.seq,
+            body: a.body.to_owned(),
+            occurred_at: a.occurred_at,
+            producer: a.producer,
+            disposition,
+            summary: a.summary,
+            anomalies,
+            verdicts,
+            manual: a.manual,
+        };
+        *total += 1;
+        self.entries.push((p, key.1, entry));
+        Ok(())
+    }
+
+    /// Adds the batch's entries and heads to the store batch.
+    pub fn write_to(self, batch: &mut Batch) {
+        for (p, op, e) in self.entries {
+            batch.add_timeline(p, op, e);
+        }
+        for ((p, op), total) in self.totals {
+            batch.set_timeline_total(p, op, total);
+        }
+    }
+}

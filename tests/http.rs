@@ -1,0 +1,729 @@
+//! The HTTP server of `run` against the real broker: `/metrics` counts what
+//! a known run did (checked against an independent replay of the input
+//! through the in-memory core, and against the output topics), the state
+//! gauges are right after a restart, `/readyz` waits for restoration, the
+//! endpoints that change state want the bearer token, the operator API
+//! returns explain/review JSON, and the exception panel works in Chromium.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use reconciler::codec::{validate_key, Codec};
+use reconciler::config::{Config, Mode};
+use reconciler::core::memory::MemoryEngine;
+use reconciler::core::{Body, Output, SourcePos, Status};
+use reconciler::demo::{self, DemoRecord};
+use reconciler::http::{AppState, Server};
+use reconciler::kafka::reader::TopicReader;
+use reconciler::pipeline::{system_clock, Pipeline};
+
+const TOKEN: &str = "test-token-5f2a";
+
+fn now() -> i64 {
+    (system_clock())()
+}
+
+/// A pipeline with its HTTP server, the server started before the loop.
+struct Served {
+    server: Option<Server>,
+    shutdown: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Served {
+    fn start(cfg: &Config) -> Served {
+        let mut p = Pipeline::new(cfg.clone(), system_clock()).expect("pipeline starts");
+        let state = AppState::of(&p, cfg.clone(), system_clock());
+        let server = Server::start("127.0.0.1:0".parse().unwrap(), state).expect("server starts");
+        // Before the loop runs nothing is restored: never ready.
+        let (code, body) = request(server.addr(), "GET", "/readyz", &[], "");
+        assert_eq!(code, 503, "ready before the pipeline ran: {body}");
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let flag = shutdown.clone();
+        let handle = std::thread::spawn(move || p.run(&flag).expect("pipeline runs"));
+        Served { server: Some(server), shutdown, handle: Some(handle) }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.server.as_ref().unwrap().addr()
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        request(self.addr(), "GET", path, &[], "")
+    }
+
+    fn metrics(&self) -> Samples {
+        let (code, text) = self.get("/metrics");
+        assert_eq!(code, 200);
+        Samples::parse(&text)
+    }
+
+    fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        if let Some(h) = self.handle.take() {
+            h.join().expect("pipeline thread");
+        }
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// One HTTP/1.1 request (Connection: close); returns status and body.
+fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(rest) } else { rest.into() };
+    (code, body)
+}
+
+fn unchunk(mut s: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s.split_once("\r\n").expect("chunk size");
+        let n = usize::from_str_radix(size.trim(), 16).expect("hex chunk size");
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+}
+
+/// Parsed Prometheus text: (name, labels) → value.
+struct Samples(Vec<(String, BTreeMap<String, String>, f64)>);
+
+impl Samples {
+    fn parse(text: &str) -> Samples {
+        let mut out = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+            let (series, value) = line.rsplit_once(' ').expect("name value");
+            let (name, labels) = match series.split_once('{') {
+                Some((n, l)) => (n, l.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split("\",")
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let (k, v) = p.split_once('=').expect("label=value");
+                    (k.to_owned(), v.trim_matches('"').to_owned())
+                })
+                .collect();
+            out.push((name.to_owned(), labels, value.parse().expect("a number")));
+        }
+        Samples(out)
+    }
+
+    /// Sum of the series of `name` whose labels include `labels`.
+    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+            .map(|(_, _, v)| v)
+            .sum()
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, _, _)| n == name || n.strip_prefix(name).is_some_and(|s| s.starts_with('_')))
+    }
+
+    /// Label values → value, of `name`, keyed by the values of `keys`.
+    fn by(&self, name: &str, keys: &[&str]) -> BTreeMap<Vec<String>, f64> {
+        self.0
+            .iter()
+            .filter(|(n, _, v)| n == name && *v != 0.0)
+            .map(|(_, l, v)| (keys.iter().map(|k| l.get(*k).cloned().unwrap_or_default()).collect(), *v))
+            .collect()
+    }
+}
+
+/// Polls `cond` every 50 ms until it holds or `limit` passes.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+/// The demo workload with no timer due during the test: windows of five
+/// minutes and a reorder window of an hour, events stamped a minute ago.
+fn quiet_config(name: &str) -> Config {
+    let mut cfg = common::config(name);
+    cfg.mode = Mode::Act;
+    cfg.time.reorder_window_ms = 3_600_000;
+    cfg.metrics.refresh_ms = 100;
+    cfg.http.token = Some(TOKEN.into());
+    cfg
+}
+
+/// What the core makes of `records`, computed without the pipeline.
+#[derive(Default)]
+struct Expected {
+    results: BTreeMap<String, f64>,
+    verdicts: BTreeMap<Vec<String>, f64>,
+    anomalies: BTreeMap<Vec<String>, f64>,
+    commands: BTreeMap<Vec<String>, f64>,
+    failures: BTreeMap<Vec<String>, f64>,
+    confirm_count: BTreeMap<Vec<String>, f64>,
+    confirm_sum: BTreeMap<String, f64>,
+    manual: BTreeMap<Vec<String>, f64>,
+    states: BTreeMap<Vec<String>, f64>,
+    review: BTreeMap<Vec<String>, f64>,
+    review_since: HashMap<String, i64>,
+    requested_min: HashMap<String, i64>,
+    engine: MemoryEngine,
+}
+
+fn expect(cfg: &Config, records: &[DemoRecord]) -> Expected {
+    let policy = cfg.policy();
+    let codec = Codec::new();
+    let mut x = Expected::default();
+    let mut out = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        let DemoRecord::Event(ev) = r else {
+            *x.results.entry("dead_lettered".into()).or_default() += 1.0;
+            continue;
+        };
+        // The demo's events are valid under their own key.
+        let bytes = codec.encode_event(ev).unwrap();
+        validate_key(Some(ev.entity_id.as_bytes()), &codec.decode_event(&bytes).unwrap()).unwrap();
+        let class = match &ev.body {
+            Body::AttemptFailed { error_class, .. } => Some(format!("{error_class:?}").to_ascii_uppercase()),
+            _ => None,
+        };
+        let op = ev.operation_id.clone();
+        let d = x.engine.process(&policy, ev.clone(), SourcePos { partition: 0, offset: i as i64 }, &mut out);
+        *x.results.entry(d.as_str().into()).or_default() += 1.0;
+        if let (reconciler::core::Disposition::Applied, Some(class)) = (d, class) {
+            let next = if x.engine.ops[&op].status == Status::ManualReview { "review" } else { "retry" };
+            *x.failures.entry(vec![class, next.into()]).or_default() += 1.0;
+        }
+    }
+    for o in &out {
+        match o {
+            Output::Verdict(v) => {
+                if let Some(m) = &v.evidence.manual_decision {
+                    *x.manual.entry(vec![format!("{:?}", m.decision).to_ascii_uppercase()]).or_default() += 1.0;
+                }
+                let key = vec![v.outcome.as_str().into(), v.action.as_str().into(), v.operation_type.clone()];
+                *x.verdicts.entry(key).or_default() += 1.0;
+                if v.outcome == reconciler::core::Outcome::Correct && v.state == Status::Confirmed {
+                    *x.confirm_count.entry(vec![v.operation_type.clone()]).or_default() += 1.0;
+                    *x.confirm_sum.entry(v.operation_type.clone()).or_default() +=
+                        (v.decided_at - v.evidence.requested_at.unwrap()) as f64 / 1000.0;
+                }
+            }
+            Output::Anomaly(a) => *x.anomalies.entry(vec![a.kind.as_str().into()]).or_default() += 1.0,
+            Output::Command(c) => {
+                *x.commands.entry(vec![format!("{:?}", c.action).to_ascii_uppercase()]).or_default() += 1.0
+            }
+        }
+    }
+    for op in x.engine.ops.values() {
+        *x.states.entry(vec![op.status.as_str().into()]).or_default() += 1.0;
+        if op.status == Status::ManualReview {
+            *x.review.entry(vec![op.operation_type.clone()]).or_default() += 1.0;
+            let since = op.review_since.unwrap();
+            let e = x.review_since.entry(op.operation_type.clone()).or_insert(since);
+            *e = (*e).min(since);
+        }
+        if op.awaits_evidence() {
+            let at = op.request.as_ref().unwrap().requested_at;
+            let e = x.requested_min.entry(op.operation_type.clone()).or_insert(at);
+            *e = (*e).min(at);
+        }
+    }
+    x
+}
+
+/// The state gauges agree with the expected state at some sample taken
+/// between `t0` and `t1` (ages are bounded by when the sample could be taken).
+fn state_gauges_match(m: &Samples, x: &Expected, t0: i64, t1: i64) -> bool {
+    let ages_ok = |name: &str, at: &HashMap<String, i64>| {
+        at.iter().all(|(ty, at)| {
+            let age = m.sum(name, &[("type", ty)]);
+            age >= (t0 - at) as f64 / 1000.0 - 0.001 && age <= (t1 - at) as f64 / 1000.0 + 0.001
+        })
+    };
+    m.by("reconciler_operations", &["state"]) == x.states
+        && m.by("reconciler_review_open", &["type"]) == x.review
+        && ages_ok("reconciler_review_oldest_age_seconds", &x.review_since)
+        && ages_ok("reconciler_oldest_unconfirmed_age_seconds", &x.requested_min)
+}
+
+#[test]
+fn metrics_count_what_a_known_run_did_and_state_gauges_survive_a_restart() {
+    let _serial = common::serial();
+    let cfg = quiet_config("http-metrics");
+    let start = now() - 60_000;
+    let records = demo::workload(start, 2);
+    let x = expect(&cfg, &records);
+    let total = records.len() as f64;
+    assert!(x.review.values().sum::<f64>() >= 3.0, "the workload leaves review cases");
+
+    let served = Served::start(&cfg);
+    demo::publish(&cfg, &records).unwrap();
+    let settled = wait_for(Duration::from_secs(60), || {
+        let m = served.metrics();
+        m.sum("reconciler_events_total", &[]) >= total
+            && m.sum("reconciler_consumer_lag", &[]) == 0.0
+            && m.by("reconciler_consumer_lag", &["partition"]).is_empty()
+            && m.sum("reconciler_state_scan_operations", &[]) == x.engine.ops.len() as f64
+    });
+    let m = served.metrics();
+    assert!(settled, "the run did not settle: {:?}", m.by("reconciler_events_total", &["result"]));
+
+    // Counters: the same as the independent replay through the core.
+    let results: BTreeMap<String, f64> =
+        m.by("reconciler_events_total", &["result"]).into_iter().map(|(k, v)| (k[0].clone(), v)).collect();
+    assert_eq!(results, x.results, "events by result");
+    assert_eq!(m.by("reconciler_verdicts_total", &["outcome", "action", "type"]), x.verdicts);
+    assert_eq!(m.by("reconciler_anomalies_total", &["kind"]), x.anomalies);
+    assert_eq!(m.by("reconciler_repair_commands_total", &["action"]), x.commands);
+    assert_eq!(m.by("reconciler_attempt_failures_total", &["error_class", "next"]), x.failures);
+    assert!(!x.failures.is_empty() && !x.commands.is_empty() && !x.confirm_count.is_empty());
+    assert_eq!(m.by("reconciler_time_to_confirm_seconds_count", &["type"]), x.confirm_count);
+    for (ty, secs) in &x.confirm_sum {
+        assert!((m.sum("reconciler_time_to_confirm_seconds_sum", &[("type", ty)]) - secs).abs() < 1e-6);
+    }
+    assert_eq!(m.by("reconciler_manual_decisions_total", &["decision"]), x.manual);
+    assert!(!x.manual.is_empty(), "the demo closes a review case by hand");
+    assert_eq!(m.sum("reconciler_batch_records_sum", &[]), total);
+    assert!(m.sum("reconciler_batch_duration_seconds_count", &[]) >= 1.0);
+    assert_eq!(m.sum("reconciler_timers_fired_total", &[]), 0.0, "no deadline was due");
+
+    // Dead letters: by class, as the DLQ topic's provenance headers say.
+    let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.dlq], cfg.topics.partitions).unwrap();
+    let want_dlq = x.results["dead_lettered"] as usize;
+    assert!(reader.read_until(Duration::from_secs(20), |r| r.len() >= want_dlq));
+    let mut classes: BTreeMap<Vec<String>, f64> = BTreeMap::new();
+    for r in reader.of(&cfg.topics.dlq) {
+        let class = r.headers.iter().find(|(k, _)| k == "reconciler.error.class").unwrap().1.clone().unwrap();
+        *classes.entry(vec![String::from_utf8(class).unwrap()]).or_default() += 1.0;
+    }
+    assert_eq!(m.by("reconciler_dead_letters_total", &["class"]), classes);
+
+    // State gauges, readiness and the rest.
+    let t = now();
+    assert!(wait_for(Duration::from_secs(10), || state_gauges_match(&served.metrics(), &x, start, now())));
+    let m = served.metrics();
+    assert_eq!(m.sum("reconciler_ready", &[]), 1.0);
+    assert_eq!(m.sum("reconciler_partitions_owned", &[]), 3.0);
+    assert_eq!(m.sum("reconciler_outbox_pending", &[]), 0.0);
+    for ty in x.requested_min.keys() {
+        assert_eq!(m.sum("reconciler_confirm_window_seconds", &[("type", ty)]), 300.0);
+    }
+    let names = reconciler::metrics::Metrics::new(&[], 0).names();
+    for name in &names {
+        assert!(m.has(name), "/metrics does not expose {name}");
+    }
+    // Every series the Grafana dashboard and the alert rules query is one
+    // this run exposes, by its exact name (histograms by `_bucket`).
+    let metric = regex::Regex::new(r"reconciler_[a-z_]+").unwrap();
+    for file in ["deploy/grafana/reconciler.json", "deploy/prometheus/alerts.yml"] {
+        let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+        let used: std::collections::BTreeSet<&str> = metric.find_iter(&text).map(|x| x.as_str()).collect();
+        assert!(used.len() >= 8, "{file} queries too little: {used:?}");
+        for name in used {
+            assert!(m.0.iter().any(|(n, _, _)| n == name), "{file} queries {name}, which /metrics does not expose");
+        }
+    }
+    served.stop();
+
+    // A new process on the same state: counters start again, the state
+    // gauges are read from the store and are the same as before.
+    let served = Served::start(&cfg);
+    let restarted = now();
+    assert!(
+        wait_for(Duration::from_secs(30), || state_gauges_match(&served.metrics(), &x, t, now())),
+        "after a restart the state gauges differ: {:?}",
+        served.metrics().by("reconciler_operations", &["state"])
+    );
+    let m = served.metrics();
+    assert_eq!(m.sum("reconciler_events_total", &[]), 0.0, "nothing was consumed twice");
+    assert!(restarted > t);
+}
+
+#[test]
+fn readyz_is_not_ready_until_the_backlog_of_owned_partitions_is_restored() {
+    let _serial = common::serial();
+    let mut cfg = quiet_config("http-ready");
+    cfg.consumer.batch_size = 200;
+    let records = demo::workload(now() - 60_000, 60);
+    let backlog = records.len() as f64;
+    let t = &cfg.topics;
+    reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor).unwrap();
+    demo::publish(&cfg, &records).unwrap();
+
+    let served = Served::start(&cfg);
+    let mut samples = Vec::new();
+    let ready = wait_for(Duration::from_secs(60), || {
+        let (code, body) = served.get("/readyz");
+        let after = served.metrics().sum("reconciler_events_total", &[]);
+        samples.push((code, after));
+        if code == 200 {
+            // Ready happened before `after` was read: the backlog was in.
+            assert!(after >= backlog, "ready with {after} of {backlog} records applied: {body}");
+        } else {
+            assert_eq!(code, 503, "{body}");
+            assert!(body.contains("\"ready\":false"), "{body}");
+        }
+        code == 200
+    });
+    assert!(ready, "never ready; samples {samples:?}");
+    assert_eq!(served.get("/healthz").0, 200);
+}
+
+#[test]
+fn endpoints_that_change_state_require_the_bearer_token() {
+    let _serial = common::serial();
+    let cfg = quiet_config("http-auth");
+    let served = Served::start(&cfg);
+    let body = r#"{"decision":"CLOSE","actor":"a","note":"n"}"#;
+    for path in ["/api/operations/op-1/resolve", "/api/dlq/redrive"] {
+        let (code, text) = request(served.addr(), "POST", path, &[], body);
+        assert_eq!(code, 401, "{path} without a token: {text}");
+        assert!(text.contains("missing bearer token"), "{text}");
+        let (code, text) = request(served.addr(), "POST", path, &[("Authorization", "Bearer wrong")], body);
+        assert_eq!(code, 401, "{path} with a wrong token: {text}");
+        let (code, _) = request(served.addr(), "POST", path, &[("Authorization", TOKEN)], body);
+        assert_eq!(code, 401, "{path} without the Bearer scheme");
+    }
+    served.stop();
+
+    // No token configured: the endpoints are off, whatever is sent.
+    let mut cfg = quiet_config("http-auth-off");
+    cfg.http.token = None;
+    let served = Served::start(&cfg);
+    let auth = format!("Bearer {TOKEN}");
+    for path in ["/api/operations/op-1/resolve", "/api/dlq/redrive"] {
+        let (code, text) = request(served.addr(), "POST", path, &[("Authorization", &auth)], body);
+        assert_eq!(code, 403, "{text}");
+        assert!(text.contains("no http.token is configured"), "{text}");
+    }
+}
+
+/// Publishes the quiet demo workload and waits until all of it is applied.
+fn served_workload(name: &str) -> (Config, Served, Expected, Vec<DemoRecord>) {
+    let cfg = quiet_config(name);
+    let records = demo::workload(now() - 60_000, 1);
+    let x = expect(&cfg, &records);
+    let served = Served::start(&cfg);
+    demo::publish(&cfg, &records).unwrap();
+    let total = records.len() as f64;
+    assert!(
+        wait_for(Duration::from_secs(60), || served.metrics().sum("reconciler_events_total", &[]) >= total),
+        "the workload was not applied"
+    );
+    (cfg, served, x, records)
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The verdicts of the verdict topic for `operation_id`, waiting until
+/// `done` accepts them.
+fn verdicts_for(
+    cfg: &Config,
+    operation_id: &str,
+    done: impl Fn(&[reconciler::core::Verdict]) -> bool,
+) -> Vec<reconciler::core::Verdict> {
+    let codec = Codec::new();
+    let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts], cfg.topics.partitions).unwrap();
+    let decode = |recs: &[reconciler::kafka::Record]| -> Vec<reconciler::core::Verdict> {
+        recs.iter()
+            .filter_map(|r| codec.decode_verdict(r.value.as_deref()?).ok())
+            .filter(|v| v.operation_id == operation_id)
+            .collect()
+    };
+    reader.read_until(Duration::from_secs(30), |recs| done(&decode(recs)));
+    decode(&reader.of(&cfg.topics.verdicts).cloned().collect::<Vec<_>>())
+}
+
+#[test]
+fn operator_api_explains_reviews_and_resolves_through_the_log() {
+    let _serial = common::serial();
+    let (cfg, served, x, records) = served_workload("http-api");
+    let auth = format!("Bearer {TOKEN}");
+
+    // The review queue: exactly the operations the core left in review.
+    let (code, text) = served.get("/api/review");
+    assert_eq!(code, 200, "{text}");
+    let queue = json(&text);
+    let mut ids: Vec<&str> = queue.as_array().unwrap().iter().map(|c| c["operation_id"].as_str().unwrap()).collect();
+    ids.sort();
+    let mut want: Vec<&str> =
+        x.engine.ops.values().filter(|o| o.status == Status::ManualReview).map(|o| o.operation_id.as_str()).collect();
+    want.sort();
+    assert_eq!(ids, want);
+    for case in queue.as_array().unwrap() {
+        assert!(case["age_ms"].as_i64().unwrap() >= 0 && case["entity_id"].is_string(), "{case}");
+        assert!(!case["reason"].as_str().unwrap().is_empty() && case["recommended_action"].is_string(), "{case}");
+    }
+    let (_, text) = served.get("/api/review?outcome=DIVERGENT");
+    let divergent = json(&text);
+    assert_eq!(divergent.as_array().unwrap().len(), 1, "{divergent}");
+    assert_eq!(divergent[0]["operation_id"], "divergent-0");
+    let (_, text) = served.get("/api/review?type=no_such_type");
+    assert_eq!(json(&text), serde_json::json!([]));
+    let (_, text) = served.get("/api/review?older_than=1d");
+    assert_eq!(json(&text), serde_json::json!([]), "every case entered review about a minute ago");
+    let ids_of = |path: &str| -> Vec<String> {
+        let mut v: Vec<String> = json(&served.get(path).1)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["operation_id"].as_str().unwrap().to_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids_of("/api/review?older_than=10s"), ids_of("/api/review"));
+    assert_eq!(served.get("/api/review?outcome=WRONG").0, 400);
+    assert_eq!(served.get("/api/review?older_than=soon").0, 400);
+
+    // Explain: state, evidence and the timeline of what arrived.
+    let (code, text) = served.get("/api/operations/divergent-0");
+    assert_eq!(code, 200, "{text}");
+    let op = json(&text);
+    assert_eq!(op["state"], "MANUAL_REVIEW");
+    assert_eq!(op["expected"]["version"], 7);
+    assert_eq!(op["observed"]["version"], 8);
+    let arrived =
+        records.iter().filter(|r| matches!(r, DemoRecord::Event(e) if e.operation_id == "divergent-0")).count();
+    assert_eq!(op["timeline"].as_array().unwrap().len(), arrived, "{op}");
+    assert!(op["timeline"][0]["offset"].is_i64());
+    let allowed: Vec<&str> = op["allowed_decisions"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert!(allowed.contains(&"CONFIRM") && !allowed.contains(&"COMPENSATE"), "{allowed:?}");
+    assert_eq!(served.get("/api/operations/no-such-op").0, 404);
+
+    // Resolve: refused decisions and bad bodies are told apart; a good one
+    // goes through the log and comes back as a verdict.
+    let post = |body: &str| {
+        request(served.addr(), "POST", "/api/operations/divergent-0/resolve", &[("Authorization", &auth)], body)
+    };
+    let (code, text) = post(r#"{"decision":"COMPENSATE","actor":"api-test","note":"n"}"#);
+    assert_eq!(code, 409, "{text}");
+    let (code, text) = post(r#"{"decision":"CONFIRM","actor":" ","note":"n"}"#);
+    assert_eq!(code, 400, "{text}");
+    let (code, text) = post(r#"{"decision":"MAYBE","actor":"a","note":"n"}"#);
+    assert_eq!(code, 400, "{text}");
+    let (code, text) = request(
+        served.addr(),
+        "POST",
+        "/api/operations/no-such-op/resolve",
+        &[("Authorization", &auth)],
+        r#"{"decision":"CONFIRM","actor":"a","note":"n"}"#,
+    );
+    assert_eq!(code, 404, "{text}");
+    let (code, text) = post(
+        r#"{"decision":"CONFIRM","actor":"api-test","note":"v8 is right: the CRM applied a later fix","evidence_checked":["crm"]}"#,
+    );
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(json(&text)["published"], true);
+
+    let verdicts = verdicts_for(&cfg, "divergent-0", |vs| vs.iter().any(|v| v.evidence.manual_decision.is_some()));
+    let decided = verdicts.iter().find(|v| v.evidence.manual_decision.is_some()).expect("a verdict for the decision");
+    assert_eq!((decided.outcome.as_str(), decided.state.as_str()), ("CORRECT", "CONFIRMED"));
+    assert_eq!(decided.evidence.manual_decision.as_ref().unwrap().actor, "api-test");
+    assert!(wait_for(Duration::from_secs(10), || json(&served.get("/api/operations/divergent-0").1)["state"]
+        == "CONFIRMED"));
+    let op = json(&served.get("/api/operations/divergent-0").1);
+    let last = op["timeline"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["manual"]["actor"], "api-test", "{last}");
+    assert!(!json(&served.get("/api/review").1).as_array().unwrap().iter().any(|c| c["operation_id"] == "divergent-0"));
+
+    // Re-drive: a dry run says what would go; a real one puts the dead
+    // letters back into the input, where (still null) they are
+    // dead-lettered again.
+    let redrive = |body: &str| request(served.addr(), "POST", "/api/dlq/redrive", &[("Authorization", &auth)], body);
+    let (code, text) = redrive(r#"{"dry_run":true}"#);
+    assert_eq!(code, 400, "a re-drive must say what to take: {text}");
+    assert_eq!(redrive(r#"{"positions":["zero"]}"#).0, 400);
+    let nulls = served.metrics().sum("reconciler_dead_letters_total", &[("class", "null_value")]);
+    assert!(nulls >= 1.0);
+    let (code, text) = redrive(r#"{"class":"null_value","dry_run":true}"#);
+    assert_eq!(code, 200, "{text}");
+    let report = json(&text);
+    assert_eq!((report["dry_run"].as_bool(), report["sent"].as_f64()), (Some(true), Some(nulls)), "{report}");
+    let (code, text) = redrive(r#"{"class":"null_value"}"#);
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(json(&text)["sent"].as_f64(), Some(nulls), "{text}");
+    assert!(
+        wait_for(Duration::from_secs(30), || served
+            .metrics()
+            .sum("reconciler_dead_letters_total", &[("class", "null_value")])
+            == 2.0 * nulls),
+        "the re-driven records were not consumed again"
+    );
+}
+
+#[test]
+fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
+    let _serial = common::serial();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    assert!(
+        dir.join("node_modules/playwright-core").exists(),
+        "tests/browser/node_modules is missing: run scripts/setup.sh --tests (npm ci)"
+    );
+    let (cfg, served, x, _) = served_workload("http-browser");
+    let op = "rejected-0";
+    assert_eq!(x.engine.ops[op].status, Status::ManualReview);
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("panel-browser");
+    let url = format!("http://{}/", served.addr());
+    let out = std::process::Command::new("node")
+        .arg(dir.join("panel.mjs"))
+        .args([url.as_str(), op, "CLOSE", TOKEN])
+        .arg(&shots)
+        .output()
+        .expect("node runs (scripts/setup.sh --tests installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser could not resolve {op}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result = json(stdout.lines().last().unwrap());
+    assert!(result["row_text"].as_str().unwrap().contains("MISSING"), "{result}");
+    assert!(result["timeline_rows"].as_u64().unwrap() >= 2, "{result}");
+    assert!(result["wrong_token"].as_str().unwrap().contains("401"), "{result}");
+    assert!(result["applied"].as_str().unwrap().contains("CLOSED"), "{result}");
+    // The browser reports the refused request; nothing else may go wrong.
+    let errors = result["console_errors"].as_array().unwrap();
+    assert!(errors.iter().all(|e| e.as_str().unwrap().contains("401 (Unauthorized)")), "{result}");
+    for shot in ["1-queue.png", "2-operation.png", "3-resolved.png"] {
+        assert!(shots.join(shot).metadata().is_ok_and(|m| m.len() > 10_000), "screenshot {shot}");
+    }
+    eprintln!("panel screenshots in {}", shots.display());
+
+    // The decision went through the log: the verdict topic has it.
+    let verdicts = verdicts_for(&cfg, op, |vs| vs.iter().any(|v| v.evidence.manual_decision.is_some()));
+    let v = verdicts.iter().find(|v| v.evidence.manual_decision.is_some()).expect("the decision's verdict");
+    assert_eq!((v.outcome.as_str(), v.action.as_str(), v.state.as_str()), ("NOT_APPLICABLE", "CLOSE", "CLOSED"));
+    assert_eq!(verdicts.iter().filter(|v| v.evidence.manual_decision.is_some()).count(), 1, "one decision only");
+    let m = v.evidence.manual_decision.as_ref().unwrap();
+    assert_eq!(m.actor, "browser-test");
+    assert_eq!(m.evidence_checked, vec!["crm record".to_owned(), "panel timeline".to_owned()]);
+}
+
+#[test]
+fn run_serves_http_from_its_config_and_logs_json_lines_that_name_the_operation() {
+    let _serial = common::serial();
+    let cfg = quiet_config("http-binary");
+    let t = &cfg.topics;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_reconciler"))
+        .args(["--log-format", "json", "--brokers", &common::brokers(), "run"])
+        .env("RECONCILER_LOG", "debug,rdkafka=warn")
+        .env("RECONCILER_STATE_DIR", &cfg.state_dir)
+        .env("RECONCILER_CONSUMER__GROUP_ID", &cfg.consumer.group_id)
+        .env("RECONCILER_TOPICS__EVENTS", &t.events)
+        .env("RECONCILER_TOPICS__VERDICTS", &t.verdicts)
+        .env("RECONCILER_TOPICS__ANOMALIES", &t.anomalies)
+        .env("RECONCILER_TOPICS__DLQ", &t.dlq)
+        .env("RECONCILER_TOPICS__COMMANDS", &t.commands)
+        .env("RECONCILER_TOPICS__PARTITIONS", "3")
+        .env("RECONCILER_TIME__REORDER_WINDOW_MS", "3600000")
+        .env("RECONCILER_HTTP__BIND", "127.0.0.1:0")
+        .env("RECONCILER_HTTP__TOKEN", TOKEN)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    let collector = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            lines.push(line);
+        }
+        lines
+    });
+    // The address comes from the log line of the server (port 0: any).
+    let addr: SocketAddr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server's log line");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        if v["fields"]["message"].as_str().is_some_and(|m| m.starts_with("HTTP server listening")) {
+            break v["fields"]["addr"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    let records = demo::workload(now() - 60_000, 1);
+    demo::publish(&cfg, &records).unwrap();
+    let total = records.len() as f64;
+    let applied = wait_for(Duration::from_secs(60), || {
+        let (_, text) = request(addr, "GET", "/metrics", &[], "");
+        Samples::parse(&text).sum("reconciler_events_total", &[]) >= total
+    });
+    assert_eq!(request(addr, "GET", "/readyz", &[], "").0, 200);
+    // The token came from RECONCILER_HTTP__TOKEN: accepted (then 404).
+    let auth = format!("Bearer {TOKEN}");
+    let body = r#"{"decision":"CLOSE","actor":"a","note":"n"}"#;
+    let (code, text) = request(addr, "POST", "/api/operations/no-such-op/resolve", &[("Authorization", &auth)], body);
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().unwrap();
+    let lines = collector.join().unwrap();
+    assert!(applied, "the workload was not applied");
+    assert_eq!(code, 404, "{text}");
+    assert!(status.success(), "run exits 0 on SIGTERM");
+
+    let mut about_operations = 0;
+    for line in &lines {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        let f = &v["fields"];
+        if f.get("operation_id").is_some() {
+            about_operations += 1;
+            assert!(f["entity_id"].is_string(), "a line about an operation without entity_id: {line}");
+        }
+    }
+    let verdicts = lines.iter().filter(|l| l.contains("\"message\":\"Verdict\"")).count();
+    let anomalies = lines.iter().filter(|l| l.contains("\"message\":\"Anomaly\"")).count();
+    assert_eq!(verdicts as f64, x_count(&cfg, &records, |o| matches!(o, Output::Verdict(_))));
+    assert_eq!(anomalies as f64, x_count(&cfg, &records, |o| matches!(o, Output::Anomaly(_))));
+    assert!(about_operations >= verdicts + anomalies);
+}
+
+/// How many outputs of the core for `records` satisfy `pred`.
+fn x_count(cfg: &Config, records: &[DemoRecord], pred: impl Fn(&Output) -> bool) -> f64 {
+    let (outputs, _) = demo::predict(cfg, records, 0);
+    outputs.iter().filter(|o| pred(o)).count() as f64
+}
