@@ -76,6 +76,17 @@ pub enum Command {
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
     },
+    /// Publish a seeded workload of N operations with every kind of fault and
+    /// write its ground truth; `loadgen verify` compares a run's outputs with it.
+    ///
+    /// Example: reconciler loadgen --operations 100000 --truth truth.json
+    #[command(args_conflicts_with_subcommands = true)]
+    Loadgen {
+        #[command(subcommand)]
+        action: Option<LoadgenAction>,
+        #[command(flatten)]
+        args: crate::loadgen::LoadgenArgs,
+    },
     /// Explain one operation: state, expected vs observed evidence, timeline.
     ///
     /// The timeline lists every record received for the operation in arrival
@@ -210,5 +221,33 @@ pub enum DlqCommand {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LoadgenAction {
+    /// Read the verdict, anomaly and dead-letter topics and compare them with
+    /// the ground truth; exits non-zero on any disagreement.
+    ///
+    /// Example: reconciler loadgen verify --truth truth.json
+    Verify {
+        /// The ground-truth file written by `reconciler loadgen --truth`.
+        #[arg(long)]
+        truth: PathBuf,
+        /// Give up waiting for the outputs after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+    },
+    /// Benchmark baseline: copy COUNT records of the input topic to another
+    /// topic with a bare librdkafka consumer and producer (no decode, no state).
+    Passthrough {
+        /// Destination topic (created if missing).
+        #[arg(long)]
+        to: String,
+        /// Records to copy.
+        #[arg(long)]
+        count: u64,
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
     },
 }

@@ -241,6 +241,8 @@ pub struct Config {
     /// Per operation type, by name.
     pub types: BTreeMap<String, TypeConfig>,
     pub redaction: Redaction,
+    /// RocksDB memory budget (block cache, memtables).
+    pub store: crate::store::Tuning,
     /// Passed to librdkafka verbatim (bootstrap.servers, TLS, SASL, ...).
     pub kafka: BTreeMap<String, String>,
     pub http: Http,
@@ -259,6 +261,7 @@ impl Default for Config {
             time: Time::default(),
             types: BTreeMap::new(),
             redaction: Redaction::default(),
+            store: crate::store::Tuning::default(),
             kafka: BTreeMap::from([("bootstrap.servers".to_owned(), "127.0.0.1:9092".to_owned())]),
             http: Http::default(),
             metrics: MetricsConfig::default(),

@@ -24,6 +24,7 @@
 //! - [`restore`]: restoring a moved partition's state; the zombie fence.
 //! - [`faults`]: crash points for the reliability suites (off in release builds).
 //! - [`demo`], [`report`]: the demo workload and its summary.
+//! - [`loadgen`]: seeded fault-injecting workload, ground truth, checker, benchmark baseline.
 
 pub mod faults;
 
@@ -39,6 +40,8 @@ pub mod demo;
 pub mod http;
 #[cfg(feature = "io")]
 pub mod kafka;
+#[cfg(feature = "io")]
+pub mod loadgen;
 #[cfg(feature = "io")]
 pub mod metrics;
 #[cfg(feature = "io")]

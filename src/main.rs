@@ -12,7 +12,7 @@ use reconciler::cli::{Cli, Command, DlqCommand, LogFormat};
 use reconciler::config::Config;
 use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
 use reconciler::pipeline::{system_clock, Pipeline};
-use reconciler::{demo, http, report};
+use reconciler::{demo, http, loadgen, report};
 
 /// Logs go to stderr; RECONCILER_LOG (an EnvFilter) overrides `default`.
 fn init_logging(format: LogFormat, default: &str) {
@@ -120,6 +120,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", commands::dlq_redrive_cmd(&cfg, &filter, dry_run, json)?);
             Ok(())
         }
+        Command::Loadgen { action, args } => Ok(loadgen::command(&cfg, action, &args)?),
     }
 }
 

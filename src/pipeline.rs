@@ -145,7 +145,7 @@ impl Pipeline {
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
-        let store = Arc::new(Store::open(&cfg.state_dir, &t.events, cfg.sync_writes)?);
+        let store = Arc::new(Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?);
         let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?;
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
         let fence = crate::restore::Fence::new(&cfg.kafka);

@@ -3,13 +3,15 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::keys;
 use super::timeline::{Timeline, TimelineEntry, TIMELINE_CAP};
-use super::{Batch, OutboxRecord, TimerEntry};
+use super::{Batch, OutboxRecord, TimerEntry, Tuning};
 use crate::core::{EntityState, OperationState};
 
 const OPS: &str = "ops";
@@ -52,12 +54,31 @@ fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, St
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir` for input topic `topic`.
+    /// Opens (or creates) the store in `dir` for input topic `topic`, with
+    /// the default memory budget.
     pub fn open(dir: &Path, topic: &str, sync: bool) -> Result<Store, StoreError> {
+        Store::open_with(dir, topic, sync, &Tuning::default())
+    }
+
+    /// Opens (or creates) the store with the memory budget `tuning`.
+    pub fn open_with(dir: &Path, topic: &str, sync: bool, tuning: &Tuning) -> Result<Store, StoreError> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let cache = Cache::new_lru_cache(tuning.block_cache_mb.max(1) << 20);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        // Most lookups are for operations not stored yet (a new request):
+        // a bloom filter answers those without reading blocks.
+        table.set_bloom_filter(10.0, false);
+        opts.set_block_based_table_factory(&table);
+        let budget = tuning.write_buffer_mb.max(4) << 20;
+        opts.set_db_write_buffer_size(budget);
+        opts.set_write_buffer_size(budget / 4);
+        opts.set_max_write_buffer_number(2);
         let cfs = FAMILIES.iter().map(|n| ColumnFamilyDescriptor::new(*n, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
         let store = Store { db, sync, next_outbox_seq: AtomicU64::new(0) };

@@ -1,0 +1,272 @@
+//! `reconciler loadgen`: a seeded, reproducible workload with every fault
+//! the core detects, its ground truth, and the checker that compares a
+//! pipeline's outputs with it.
+//!
+//! - [`scenario`]: the stories, the interleaving and the ground truth built with them.
+//! - [`truth`]: the ground-truth file (JSON).
+//! - [`publish`](publish()): sends the workload, paced or as fast as possible.
+//! - [`verify`]: reads the output topics back and compares.
+//! - [`passthrough`]: the bare consume→produce baseline of the benchmarks.
+//!
+//! Time: by default events are stamped hours in the past, so every
+//! confirmation deadline is already due when the pipeline reads them; the
+//! verdicts that need a deadline to fire are marked in the truth and come
+//! once a partition has caught up (the pipeline fires timers only then).
+//! For latency runs (`--event-time now --rate R`) events carry the time
+//! they are sent, so `received - decided_at` of a verdict is its latency.
+
+pub mod passthrough;
+pub mod rng;
+pub mod scenario;
+pub mod truth;
+pub mod verify;
+
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cli::LoadgenAction;
+use crate::codec::{Codec, EncodeError};
+use crate::config::Config;
+use crate::kafka::producer::Publisher;
+use crate::kafka::KafkaError;
+use crate::store::OutboxRecord;
+
+pub use scenario::{Faults, Generator, LoadRecord, Options, Planned};
+pub use truth::GroundTruth;
+
+/// Why a load generation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadgenError {
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the outputs disagree with the ground truth")]
+    Disagree,
+}
+
+/// Event time stamped on the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EventTime {
+    /// Hours in the past: every deadline is due at once (preloaded runs).
+    Past,
+    /// The time each unit is sent (paced runs, latency).
+    Now,
+}
+
+/// Options of `reconciler loadgen` (the generator and the publisher).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadgenArgs {
+    /// Operations to create.
+    #[arg(long, default_value_t = 10_000)]
+    pub operations: u64,
+    /// Entities they are spread over (default: operations / 4, at least 64).
+    #[arg(long)]
+    pub entities: Option<u64>,
+    /// Seed: the same seed and options give the same records.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Target rate in records per second; 0 sends as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Event time of the workload.
+    #[arg(long, value_enum, default_value_t = EventTime::Past)]
+    pub event_time: EventTime,
+    /// confirm_within_ms written into every request.
+    #[arg(long, default_value_t = 300_000)]
+    pub confirm_within_ms: i64,
+    /// Where to write the ground truth (JSON).
+    #[arg(long)]
+    pub truth: Option<std::path::PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub faults: Faults,
+}
+
+impl LoadgenArgs {
+    /// The generator options for these arguments at wall time `now_ms`.
+    pub fn options(&self, cfg: &Config, now_ms: i64) -> Result<Options, LoadgenError> {
+        self.faults.validate().map_err(LoadgenError::Invalid)?;
+        if self.operations == 0 {
+            return Err(LoadgenError::Invalid("--operations must be at least 1".into()));
+        }
+        if self.confirm_within_ms <= 0 {
+            return Err(LoadgenError::Invalid("--confirm-within-ms must be positive".into()));
+        }
+        let mut o = Options::preload(self.operations, self.seed, now_ms);
+        if let Some(e) = self.entities {
+            if e == 0 {
+                return Err(LoadgenError::Invalid("--entities must be at least 1".into()));
+            }
+            o.entities = e;
+        }
+        o.faults = self.faults.clone();
+        o.confirm_within_ms = self.confirm_within_ms;
+        o.reorder_window_ms = cfg.time.reorder_window_ms;
+        if self.event_time == EventTime::Now {
+            o.start_ms = now_ms;
+            o.step_ms = 0;
+            // Space units so that records go out at `rate`.
+            let per_unit = records_per_unit(&o);
+            let rate = self.rate.max(1) as f64;
+            o.unit_spacing_us = ((1e6 * per_unit / rate).round() as i64).max(1);
+        }
+        Ok(o)
+    }
+}
+
+/// Average records per unit of a workload with these options (measured on
+/// a sample of it).
+pub fn records_per_unit(o: &Options) -> f64 {
+    let mut sample = o.clone();
+    sample.operations = 20_000;
+    let mut gen = Generator::new(sample);
+    let n = gen.by_ref().count();
+    let t = gen.into_truth();
+    let units: u64 = t.stories.values().sum();
+    n as f64 / units.max(1) as f64
+}
+
+/// Wall-clock milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    (crate::pipeline::system_clock())()
+}
+
+/// What a publication did.
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub records: u64,
+    pub elapsed: Duration,
+}
+
+/// The record as it goes to the input topic.
+pub fn to_outbox(codec: &Codec, topic: &str, r: &LoadRecord) -> Result<OutboxRecord, EncodeError> {
+    let (key, value) = match r {
+        LoadRecord::Event(e) => (e.entity_id.as_bytes().to_vec(), Some(codec.encode_event(e)?)),
+        LoadRecord::Raw { key, value, .. } => (key.clone(), value.clone()),
+    };
+    Ok(OutboxRecord { topic: topic.to_owned(), key: Some(key), value, headers: Vec::new() })
+}
+
+/// Publishes everything `gen` yields to the input topic and returns the
+/// ground truth. With `paced`, each record waits for its unit's due time
+/// (event time = wall time); otherwise records go out as fast as the broker
+/// acknowledges them, in chunks.
+pub fn publish(
+    cfg: &Config,
+    mut gen: Generator,
+    paced: bool,
+    progress: bool,
+) -> Result<(Published, GroundTruth), LoadgenError> {
+    const CHUNK: usize = 10_000;
+    let codec = Codec::new();
+    let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
+    let bar = if progress { ProgressBar::new(gen.truth().operations) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} operations, {msg} [{elapsed_precise}, eta {eta}]")
+            .expect("a valid template"),
+    );
+    let started = Instant::now();
+    let mut chunk: Vec<OutboxRecord> = Vec::with_capacity(CHUNK);
+    let mut records = 0u64;
+    let flush = |chunk: &mut Vec<OutboxRecord>| -> Result<(), LoadgenError> {
+        if !chunk.is_empty() {
+            publisher.publish_all(chunk.iter().map(|r| (r, None)))?;
+            chunk.clear();
+        }
+        Ok(())
+    };
+    while let Some(p) = gen.next() {
+        if paced {
+            let wait = p.due_ms - now_ms();
+            if wait > 0 {
+                flush(&mut chunk)?;
+                std::thread::sleep(Duration::from_millis(wait as u64));
+            }
+        }
+        chunk.push(to_outbox(&codec, &cfg.topics.events, &p.record)?);
+        records += 1;
+        if chunk.len() >= CHUNK {
+            flush(&mut chunk)?;
+        }
+        if records % 1000 == 0 {
+            bar.set_position(gen.operations_made());
+            let secs = started.elapsed().as_secs_f64().max(1e-6);
+            bar.set_message(format!("{records} records, {:.0} records/s", records as f64 / secs));
+        }
+    }
+    flush(&mut chunk)?;
+    bar.set_position(gen.operations_made());
+    bar.finish();
+    Ok((Published { records, elapsed: started.elapsed() }, gen.into_truth()))
+}
+
+/// `reconciler loadgen [verify|passthrough]`: runs the command and prints
+/// its summary on stdout.
+pub fn command(cfg: &Config, action: Option<LoadgenAction>, args: &LoadgenArgs) -> Result<(), LoadgenError> {
+    let t = &cfg.topics;
+    match action {
+        None => {
+            crate::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
+            let opts = args.options(cfg, now_ms())?;
+            let paced = args.rate > 0;
+            let (published, truth) = publish(cfg, Generator::new(opts), paced, !args.quiet)?;
+            let secs = published.elapsed.as_secs_f64().max(1e-9);
+            println!(
+                "published {} records ({} events, {} dead letters to be) of {} operations to {} in {secs:.2} s = {:.0} records/s",
+                published.records,
+                truth.events,
+                truth.dead_letters,
+                truth.operations,
+                t.events,
+                published.records as f64 / secs
+            );
+            println!(
+                "expected: {} verdicts ({} after a deadline fires), {} anomalies",
+                truth.verdict_count,
+                truth.timer_verdicts,
+                truth.anomaly_count()
+            );
+            if let Some(path) = &args.truth {
+                truth.write(path).map_err(|e| LoadgenError::Invalid(format!("writing {}: {e}", path.display())))?;
+                println!("ground truth written to {}", path.display());
+            }
+            Ok(())
+        }
+        Some(LoadgenAction::Verify { truth, timeout_secs }) => {
+            let truth = GroundTruth::read(&truth)
+                .map_err(|e| LoadgenError::Invalid(format!("reading {}: {e}", truth.display())))?;
+            let wait = truth.latest_due_ms - now_ms();
+            if wait > 0 {
+                println!(
+                    "note: some verdicts need deadlines that fall due in {} s (event time = wall time)",
+                    wait / 1000
+                );
+            }
+            let report = verify::verify(cfg, &truth, Duration::from_secs(timeout_secs), Duration::from_secs(2))?;
+            print!("{}", report.render());
+            if report.agrees() {
+                Ok(())
+            } else {
+                Err(LoadgenError::Disagree)
+            }
+        }
+        Some(LoadgenAction::Passthrough { to, count, timeout_secs }) => {
+            crate::kafka::admin::ensure_topics(&cfg.kafka, &[to.as_str()], t.partitions, t.replication_factor)?;
+            let moved =
+                passthrough::run(&cfg.kafka, &t.events, t.partitions, &to, count, Duration::from_secs(timeout_secs))?;
+            let secs = moved.elapsed.as_secs_f64().max(1e-9);
+            println!(
+                "passthrough: {} records in {secs:.3} s = {:.0} records/s",
+                moved.records,
+                moved.records as f64 / secs
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The ground truth of a generated workload: what the reconciler must
+//! publish for it, written down while the workload is built (by the
+//! construction of each story), never by running the reconciler's own core.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::{Action, AnomalyKind, Outcome};
+
+/// One verdict the reconciler must issue for an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Expected {
+    pub outcome: Outcome,
+    pub action: Action,
+    /// Decided only when a confirmation deadline fires (wall clock).
+    pub needs_timer: bool,
+}
+
+impl Expected {
+    /// `OUTCOME/ACTION`, with `+timer` when a deadline must fire first.
+    pub fn label(&self) -> String {
+        let timer = if self.needs_timer { "+timer" } else { "" };
+        format!("{}/{}{timer}", self.outcome.as_str(), self.action.as_str())
+    }
+
+    pub fn parse(label: &str) -> Option<Expected> {
+        let (pair, needs_timer) = match label.strip_suffix("+timer") {
+            Some(p) => (p, true),
+            None => (label, false),
+        };
+        let (o, a) = pair.split_once('/')?;
+        Some(Expected {
+            outcome: Outcome::ALL.into_iter().find(|x| x.as_str() == o)?,
+            action: Action::ALL.into_iter().find(|x| x.as_str() == a)?,
+            needs_timer,
+        })
+    }
+}
+
+/// Settings of the reconciler the truth was computed for (its own defaults
+/// unless told otherwise); a run with other settings may legitimately differ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assumptions {
+    pub reorder_window_ms: i64,
+    /// Retention must be longer than the age of the oldest event at run time.
+    pub min_retention_ms: i64,
+}
+
+/// Everything the reconciler must publish for a workload (the JSON file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroundTruth {
+    pub seed: u64,
+    pub operations: u64,
+    pub entities: u64,
+    /// Records published to the input topic.
+    pub records: u64,
+    /// Of those, decodable events (the rest are dead letters).
+    pub events: u64,
+    pub dead_letters: u64,
+    pub dead_letters_by_class: BTreeMap<String, u64>,
+    pub assumes: Assumptions,
+    /// How many units of each story the workload holds.
+    pub stories: BTreeMap<String, u64>,
+    pub verdict_count: u64,
+    /// Of `verdict_count`, those that need a deadline to fire first.
+    pub timer_verdicts: u64,
+    /// Expected anomalies by kind (all of them).
+    pub anomalies: BTreeMap<String, u64>,
+    /// Of `anomalies`, those that need a timer (orphans found at window end).
+    pub timer_anomalies: BTreeMap<String, u64>,
+    /// Event time (ms) by which every timer-dependent output is due: a
+    /// pipeline fires them once the wall clock has passed it.
+    pub latest_due_ms: i64,
+    /// Per operation, its verdicts in order (`OUTCOME/ACTION[+timer]`).
+    pub verdicts: BTreeMap<String, Vec<String>>,
+}
+
+impl GroundTruth {
+    pub(crate) fn new(seed: u64, operations: u64, entities: u64, assumes: Assumptions) -> GroundTruth {
+        GroundTruth {
+            seed,
+            operations,
+            entities,
+            records: 0,
+            events: 0,
+            dead_letters: 0,
+            dead_letters_by_class: BTreeMap::new(),
+            assumes,
+            stories: BTreeMap::new(),
+            verdict_count: 0,
+            timer_verdicts: 0,
+            anomalies: AnomalyKind::ALL.iter().map(|k| (k.as_str().to_owned(), 0)).collect(),
+            timer_anomalies: BTreeMap::new(),
+            latest_due_ms: i64::MIN,
+            verdicts: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn expect_verdicts(&mut self, operation_id: &str, verdicts: &[Expected], keep: bool) {
+        self.verdict_count += verdicts.len() as u64;
+        self.timer_verdicts += verdicts.iter().filter(|v| v.needs_timer).count() as u64;
+        if keep {
+            self.verdicts.insert(operation_id.to_owned(), verdicts.iter().map(Expected::label).collect());
+        }
+    }
+
+    pub(crate) fn expect_anomaly(&mut self, kind: AnomalyKind, needs_timer: bool) {
+        *self.anomalies.entry(kind.as_str().to_owned()).or_default() += 1;
+        if needs_timer {
+            *self.timer_anomalies.entry(kind.as_str().to_owned()).or_default() += 1;
+        }
+    }
+
+    pub(crate) fn expect_dead_letter(&mut self, class: &str) {
+        self.dead_letters += 1;
+        *self.dead_letters_by_class.entry(class.to_owned()).or_default() += 1;
+    }
+
+    /// Total expected anomalies.
+    pub fn anomaly_count(&self) -> u64 {
+        self.anomalies.values().sum()
+    }
+
+    pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let f = std::io::BufWriter::new(std::fs::File::create(path)?);
+        serde_json::to_writer(f, self).map_err(std::io::Error::other)
+    }
+
+    pub fn read(path: &std::path::Path) -> std::io::Result<GroundTruth> {
+        let f = std::io::BufReader::new(std::fs::File::open(path)?);
+        serde_json::from_reader(f).map_err(std::io::Error::other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_round_trip() {
+        for outcome in Outcome::ALL {
+            for action in Action::ALL {
+                for needs_timer in [false, true] {
+                    let e = Expected { outcome, action, needs_timer };
+                    assert_eq!(Expected::parse(&e.label()), Some(e));
+                }
+            }
+        }
+        assert_eq!(Expected::parse("CORRECT"), None);
+    }
+}

@@ -1,0 +1,165 @@
+//! The load generator's ground truth, built by construction of each story,
+//! against the in-memory core (the two are written independently: a
+//! disagreement is a bug in one of them), and a fault-injected run through
+//! the real pipeline and broker checked by `loadgen verify`.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use reconciler::codec::{validate_key, Codec};
+use reconciler::config::Config;
+use reconciler::core::memory::MemoryEngine;
+use reconciler::core::Output;
+use reconciler::loadgen::truth::Expected;
+use reconciler::loadgen::{self, Faults, Generator, LoadRecord, Options};
+use reconciler::pipeline::system_clock;
+
+/// Every fault at a high rate, so that a small workload holds many of each.
+fn heavy_faults() -> Faults {
+    Faults {
+        duplicate_delivery: 0.06,
+        duplicate_emission: 0.05,
+        reorder: 0.06,
+        reorder_beyond_window: 0.05,
+        conflict: 0.05,
+        missing_confirmation: 0.05,
+        divergent: 0.05,
+        duplicate_effect: 0.05,
+        cancellation: 0.04,
+        invalid_transition: 0.04,
+        stale_version: 0.05,
+        orphan: 0.04,
+        garbage: 0.04,
+    }
+}
+
+fn options(operations: u64, seed: u64, now: i64) -> Options {
+    let mut o = Options::preload(operations, seed, now);
+    o.faults = heavy_faults();
+    o
+}
+
+#[test]
+fn ground_truth_matches_the_memory_engine() {
+    let now = 1_800_000_000_000;
+    let mut gen = Generator::new(options(20_000, 42, now));
+    let records: Vec<LoadRecord> = gen.by_ref().map(|p| p.record).collect();
+    let truth = gen.into_truth();
+    assert!(truth.stories.len() >= 20, "every story occurs: {:?}", truth.stories);
+
+    // Dead letters: what the pipeline's decode step rejects, by class.
+    let codec = Codec::new();
+    let mut dead: BTreeMap<String, u64> = BTreeMap::new();
+    let mut events = Vec::new();
+    for r in &records {
+        let (key, value) = match r {
+            LoadRecord::Event(e) => (e.entity_id.as_bytes().to_vec(), Some(codec.encode_event(e).unwrap())),
+            LoadRecord::Raw { key, value, .. } => (key.clone(), value.clone()),
+        };
+        let decoded = value
+            .as_deref()
+            .ok_or(reconciler::codec::DecodeError::NullValue)
+            .and_then(|v| codec.decode_event(v))
+            .and_then(|e| validate_key(Some(&key), &e).map(|_| e));
+        match decoded {
+            Ok(e) => events.push(e),
+            Err(err) => *dead.entry(err.class().to_owned()).or_default() += 1,
+        }
+    }
+    assert_eq!(dead, truth.dead_letters_by_class);
+    assert_eq!(events.len() as u64, truth.events);
+
+    // Verdicts and anomalies: the core, with every timer due by `now` fired.
+    let policy = Config::default().policy();
+    let mut engine = MemoryEngine::new();
+    let mut out = Vec::new();
+    assert!(truth.latest_due_ms < now);
+    engine.replay(&policy, events, now, &mut out);
+    let mut verdicts: HashMap<String, Vec<String>> = HashMap::new();
+    let mut anomalies: BTreeMap<String, u64> = truth.anomalies.keys().map(|k| (k.clone(), 0)).collect();
+    for o in &out {
+        match o {
+            Output::Verdict(v) => {
+                let timer = v.trigger_event_id.starts_with("deadline:");
+                let label = Expected { outcome: v.outcome, action: v.action, needs_timer: timer }.label();
+                verdicts.entry(v.operation_id.clone()).or_default().push(label);
+            }
+            Output::Anomaly(a) => *anomalies.entry(a.kind.as_str().to_owned()).or_default() += 1,
+            Output::Command(_) => {}
+        }
+    }
+    let mut wrong = Vec::new();
+    for (op, expected) in &truth.verdicts {
+        let got = verdicts.remove(op).unwrap_or_default();
+        if &got != expected {
+            wrong.push(format!("{op}: expected {expected:?}, core {got:?}"));
+        }
+    }
+    for (op, got) in verdicts {
+        wrong.push(format!("{op}: expected nothing, core {got:?}"));
+    }
+    assert!(wrong.is_empty(), "{} operations differ, e.g.\n{}", wrong.len(), wrong[..wrong.len().min(10)].join("\n"));
+    assert_eq!(anomalies, truth.anomalies);
+    assert_eq!(out.iter().filter(|o| matches!(o, Output::Verdict(_))).count() as u64, truth.verdict_count);
+}
+
+#[test]
+fn same_seed_same_workload_other_seed_another() {
+    let now = 1_800_000_000_000;
+    let run = |seed| {
+        let mut g = Generator::new(options(2_000, seed, now));
+        let records: Vec<_> = g.by_ref().collect();
+        (records, g.into_truth())
+    };
+    let (a, ta) = run(7);
+    let (b, tb) = run(7);
+    let (c, _) = run(8);
+    assert_eq!(a, b);
+    assert_eq!(ta, tb);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn clean_workload_has_no_anomalies_and_operations_as_asked() {
+    let mut o = Options::preload(5_000, 3, 1_800_000_000_000);
+    o.faults = Faults::none();
+    let mut g = Generator::new(o);
+    let n = g.by_ref().count() as u64;
+    let t = g.into_truth();
+    assert_eq!(t.operations, 5_000);
+    assert_eq!(t.verdicts.len(), 5_000);
+    assert_eq!(t.anomaly_count(), 0);
+    assert_eq!(t.dead_letters, 0);
+    assert_eq!(n, t.records);
+}
+
+#[test]
+fn fault_rates_are_validated() {
+    let f = Faults { garbage: 1.5, ..Faults::none() };
+    assert!(f.validate().unwrap_err().contains("--garbage"));
+    let f = Faults { garbage: 0.6, orphan: 0.6, ..Faults::none() };
+    assert!(f.validate().is_err());
+}
+
+/// A fault-injected workload through the real pipeline and broker, checked
+/// by the same code as `reconciler loadgen verify`: 100% agreement.
+#[test]
+fn loadgen_run_verify_agrees_on_the_broker() {
+    let _serial = common::serial();
+    let cfg = common::config("loadgen");
+    let t = &cfg.topics;
+    reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, 1).unwrap();
+    let ops = std::env::var("LOADGEN_TEST_OPERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(3_000);
+    let mut o = Options::preload(ops, 11, (system_clock())());
+    o.faults = heavy_faults();
+    let (published, truth) = loadgen::publish(&cfg, Generator::new(o), false, false).unwrap();
+    assert_eq!(published.records, truth.records);
+    let running = common::Running::start(&cfg, system_clock());
+    let report = loadgen::verify::verify(&cfg, &truth, Duration::from_secs(120), Duration::from_millis(1500)).unwrap();
+    running.stop();
+    let _ = std::fs::remove_dir_all(&cfg.state_dir);
+    assert!(report.complete && report.agrees(), "{}", report.render());
+    assert!(truth.timer_verdicts > 0 && truth.dead_letters > 0);
+}
