@@ -132,10 +132,18 @@ fn compose_mounts_and_builds_files_that_exist() {
 fn reconciler_service_config_is_valid_and_agrees_with_the_stack() {
     let c = compose();
     let svc = service(&c, "reconciler");
-    let mut args = vec!["reconciler".to_owned()];
-    args.extend(strings(&svc["command"]));
-    <reconciler::cli::Cli as clap::Parser>::try_parse_from(&args)
-        .unwrap_or_else(|e| panic!("compose command {args:?}: {e}"));
+    // Every service running the image runs a command the binary accepts
+    // (the reconciler itself, the load generator of the `loadgen` profile).
+    let image = svc["image"].as_str().unwrap();
+    let mut commands = 0;
+    for (name, s) in c["services"].as_object().unwrap().iter().filter(|(_, s)| s["image"] == image) {
+        let mut args = vec!["reconciler".to_owned()];
+        args.extend(strings(&s["command"]));
+        <reconciler::cli::Cli as clap::Parser>::try_parse_from(&args)
+            .unwrap_or_else(|e| panic!("service {name}: command {args:?}: {e}"));
+        commands += 1;
+    }
+    assert_eq!(commands, 2, "the reconciler and the load generator");
 
     // The config file the image carries, with the service's environment.
     let mut env = env_of(svc);
