@@ -21,6 +21,9 @@ trap 'scripts/broker.sh stop' EXIT
 export KAFKA_BROKERS=127.0.0.1:$BROKER_PORT
 log=$(mktemp)
 set +e
+# --show-output: the fault-injection suites print their figures
+# (iterations, crashes, inputs, losses, non-identical duplicates).
+[ $# -gt 0 ] || set -- -- --show-output
 cargo test --release --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
