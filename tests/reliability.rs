@@ -17,6 +17,7 @@ use reconciler::config::Config;
 use reconciler::core::Output;
 use reconciler::demo::{self, DemoRecord};
 use reconciler::faults::CRASH_POINTS;
+use reconciler::loadgen::rng::Rng;
 use reconciler::pipeline::system_clock;
 
 #[test]
@@ -31,24 +32,6 @@ const _: () = assert!(reconciler::faults::ARMED, "the crash points are compiled 
 
 fn full() -> bool {
     std::env::var("RELIABILITY_FULL").is_ok_and(|v| v == "1")
-}
-
-/// SplitMix64: the seeded choices of an iteration, reproducible from the
-/// seed printed on failure.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 /// A workload run: its config (own topics, group, state), the config file
@@ -208,7 +191,9 @@ fn wait_crash(i: &mut Instance, timeout: Duration) -> bool {
 /// One seeded crash iteration. Scenario `seed % 7`: the six crash points
 /// of src/faults.rs, then a random `kill -9`.
 fn crash_iteration(seed: u64) -> Figures {
-    let mut rng = Rng(seed);
+    // The seeded choices of an iteration, reproducible from the seed printed
+    // on failure.
+    let mut rng = Rng::new(seed);
     let copies = 4 + rng.below(if full() { 20 } else { 6 }) as usize;
     let batch_size = 10 + rng.below(90) as usize;
     let run = Run::new(&format!("crash{seed}"), copies, batch_size);
@@ -326,7 +311,7 @@ fn broker_bounce_kill_9_five_times_loses_nothing() {
     run.publish_part(&workload, 0, parts);
     let instance = run.spawn(None);
     assert!(run.wait_verdicts(1, Duration::from_secs(60)), "no progress; log:\n{}", instance.log_tail());
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     for i in 1..parts {
         // Publish the next part and kill the broker while the instance is
         // in the middle of it (consuming, writing, publishing outputs).
