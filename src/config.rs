@@ -190,7 +190,7 @@ impl Default for Http {
 
 impl std::fmt::Debug for Http {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let token = self.token.as_ref().map(|_| "<redacted>");
+        let token = self.token.as_ref().map(|_| REDACTED);
         f.debug_struct("Http").field("bind", &self.bind).field("token", &token).finish()
     }
 }
