@@ -76,11 +76,11 @@ fn bench(c: &mut Criterion) {
             let t1 = t0.elapsed();
             rec.write_to(&mut batch);
             let t2 = t0.elapsed();
-            store.commit(batch).unwrap();
+            store.commit(&batch).unwrap();
             let t3 = t0.elapsed();
             let (store2, _) = fresh();
             let t4 = std::time::Instant::now();
-            store2.commit(state_batch()).unwrap();
+            store2.commit(&state_batch()).unwrap();
             eprintln!(
                 "record {t1:?} write_to {:?} commit {:?}; state only incl. build {:?}",
                 t2 - t1,
@@ -96,7 +96,7 @@ fn bench(c: &mut Criterion) {
         b.iter_batched(
             || (fresh(), state_batch()),
             |((store, dir), batch)| {
-                store.commit(batch).unwrap();
+                store.commit(&batch).unwrap();
                 (store, dir)
             },
             BatchSize::PerIteration,
@@ -111,7 +111,7 @@ fn bench(c: &mut Criterion) {
                     rec.record(&store, arrival, a.disposition, &a.outputs, a.exists).unwrap();
                 }
                 rec.write_to(&mut batch);
-                store.commit(batch).unwrap();
+                store.commit(&batch).unwrap();
                 (store, dir)
             },
             BatchSize::PerIteration,

@@ -1,24 +1,27 @@
 //! Replay rebuild without Kafka, into RocksDB, and the memory it takes.
 //!
 //! Streams a loadgen workload of REBUILD_OPERATIONS operations (default
-//! 1,000,000) as encoded records through what the pipeline does to each
-//! batch of 5,000 — decode, `core::apply` against the store's state, one
-//! atomic RocksDB batch with state, timers, offsets and the encoded outputs
-//! in the outbox (acknowledged at once: no broker) — and reports the rate
+//! 1,000,000) as encoded records through the pipeline's own batch step
+//! ([`Applier`]: decode, `core::apply` against the store's state, timeline,
+//! metrics, outputs encoded) and its one atomic RocksDB write per batch of
+//! 5,000 (state, timers, offsets, timeline and the outbox, acknowledged at
+//! once: no broker), and reports the rate
 //! (generation excluded) and the process's peak and final RSS. Run with
 //! 1M and 10M operations to see that RSS is set by `[store]` (block cache,
 //! memtables), not by how many operations the store holds.
 //!
 //!   REBUILD_OPERATIONS=10000000 cargo bench --bench rebuild
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use reconciler::codec::{validate_key, Codec};
+use reconciler::codec::Codec;
 use reconciler::config::Config;
-use reconciler::core::{self, EntityState, OperationState, Output, SourcePos};
+use reconciler::kafka::Record;
 use reconciler::loadgen::{self, Generator, LoadRecord, Options};
-use reconciler::store::{Batch, OutboxRecord, Store, Tuning};
+use reconciler::metrics::Metrics;
+use reconciler::pipeline::{Applier, Stats};
+use reconciler::store::{Store, Tuning};
 
 fn status_kb(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -48,7 +51,19 @@ fn main() {
     opts.keep_verdicts = false;
     let mut gen = Generator::new(opts);
     let mut busy = Duration::ZERO;
-    let (mut records, mut offset, mut outputs_n) = (0u64, 0i64, 0u64);
+    let (mut total, mut offset, mut outputs_n) = (0u64, -1i64, 0u64);
+    let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
+    let applier = Applier {
+        store: &store,
+        policy: &policy,
+        codec: &codec,
+        topics: &cfg.topics,
+        max_record_bytes: cfg.consumer.max_record_bytes,
+        metrics: &metrics,
+    };
+    let mut next = BTreeMap::from([(0, 0)]);
+    let no_restore = BTreeMap::new();
+    let mut stats = Stats::default();
     let started = Instant::now();
     loop {
         let chunk: Vec<(Vec<u8>, Option<Vec<u8>>)> = gen
@@ -62,59 +77,38 @@ fn main() {
         if chunk.is_empty() {
             break;
         }
+        let records: Vec<Record> = chunk
+            .into_iter()
+            .map(|(key, value)| {
+                offset += 1;
+                Record {
+                    topic: cfg.topics.events.clone(),
+                    partition: 0,
+                    offset,
+                    timestamp: None,
+                    key: Some(key),
+                    value,
+                    headers: Vec::new(),
+                }
+            })
+            .collect();
         let t = Instant::now();
-        let mut ops: HashMap<String, (Option<i64>, Option<OperationState>)> = HashMap::new();
-        let mut entities: HashMap<String, EntityState> = HashMap::new();
-        let mut batch = Batch::default();
-        let mut out = Vec::new();
-        for (key, value) in &chunk {
-            offset += 1;
-            let Ok(ev) = value.as_deref().ok_or(()).and_then(|v| codec.decode_event(v).map_err(|_| ())) else {
-                continue;
-            };
-            if validate_key(Some(key), &ev).is_err() {
-                continue;
-            }
-            let slot = &mut ops
-                .entry(ev.operation_id.clone())
-                .or_insert_with(|| {
-                    let s = store.get_op(0, &ev.operation_id).unwrap();
-                    (s.as_ref().and_then(|s| s.timer_at), s)
-                })
-                .1;
-            let entity =
-                entities.entry(ev.entity_id.clone()).or_insert_with(|| store.get_entity(0, &ev.entity_id).unwrap());
-            core::apply(&policy, slot, entity, ev, SourcePos { partition: 0, offset }, &mut out);
-        }
-        for o in out.drain(..) {
-            let value = match &o {
-                Output::Verdict(v) => codec.encode_verdict(v),
-                Output::Anomaly(a) => codec.encode_anomaly(a),
-                Output::Command(c) => codec.encode_command(c),
-            };
-            let key = Some(o.entity_id().as_bytes().to_vec());
-            batch.publish(OutboxRecord { topic: "out".into(), key, value: Some(value.unwrap()), headers: vec![] });
-            outputs_n += 1;
-        }
-        for (id, (before, state)) in ops {
-            batch.move_timer(0, &id, before, state.as_ref());
-            batch.put_op(0, id, state);
-        }
-        for (id, e) in entities {
-            batch.put_entity(0, id, e);
-        }
-        batch.set_offset(0, offset + 1);
-        let seqs = store.commit(batch).unwrap();
+        // Exactly the pipeline's per-batch work (decode, core, timeline,
+        // metrics, outputs encoded), then its store write; the outbox is
+        // acknowledged at once (no broker).
+        let applied = applier.apply(&records, &mut next, &no_restore, &mut stats).unwrap();
+        outputs_n += applied.batch.outbox().len() as u64;
+        let seqs = store.commit(&applied.batch).unwrap();
         store.ack_outbox(seqs).unwrap();
         busy += t.elapsed();
-        records += chunk.len() as u64;
+        total += records.len() as u64;
     }
     let truth = gen.into_truth();
     println!(
-        "rebuild: {operations} operations, {records} records ({} events) in {:.1} s of decode+apply+commit = {:.0} records/s ({:.1} s wall with generation); {outputs_n} outputs",
+        "rebuild: {operations} operations, {total} records ({} events) in {:.1} s of decode+apply+commit = {:.0} records/s ({:.1} s wall with generation); {outputs_n} outputs",
         truth.events,
         busy.as_secs_f64(),
-        records as f64 / busy.as_secs_f64(),
+        total as f64 / busy.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     println!(

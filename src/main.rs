@@ -14,6 +14,11 @@ use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, Reso
 use reconciler::pipeline::{system_clock, Pipeline};
 use reconciler::{demo, http, loadgen, report};
 
+/// mimalloc rather than the system allocator: the pipeline allocates and
+/// frees many small strings and states per record (Cargo.toml says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Logs go to stderr; RECONCILER_LOG (an EnvFilter) overrides `default`.
 fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RECONCILER_LOG")

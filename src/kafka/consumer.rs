@@ -177,9 +177,10 @@ impl GroupConsumer {
     }
 
     /// Up to `max` records, waiting at most `wait` for the first and then
-    /// taking what is already fetched. Records of partitions revoked during
-    /// the wait are left out (the new owner consumes them).
-    pub fn poll_batch(&self, max: usize, wait: Duration) -> Result<Vec<Record>, KafkaError> {
+    /// taking what is already fetched, and whether partitions were revoked
+    /// meanwhile. Records of revoked partitions are left out (the new owner
+    /// consumes them).
+    pub fn poll_batch(&self, max: usize, wait: Duration) -> Result<(Vec<Record>, bool), KafkaError> {
         let mut out = Vec::new();
         let until = Instant::now() + wait;
         while out.len() < max {
@@ -200,12 +201,13 @@ impl GroupConsumer {
         if let Some(why) = a.fatal.take() {
             return Err(KafkaError::Other(format!("rebalance failed: {why}")));
         }
-        if !a.revoked.is_empty() {
+        let revoked = !a.revoked.is_empty();
+        if revoked {
             let owned = &a.owned;
             out.retain(|r| owned.contains_key(&r.partition));
             a.revoked.clear();
         }
-        Ok(out)
+        Ok((out, revoked))
     }
 
     /// Commits group offsets (for lag visibility only).

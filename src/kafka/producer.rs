@@ -1,35 +1,60 @@
-//! The acknowledged publisher: sends records and waits until the broker
-//! acknowledged every one of them (or reports that some failed).
+//! The acknowledged publisher: sends records and learns when the broker
+//! acknowledged every one of them (or that some failed).
+//!
+//! Records are sent under a [`Ticket`]; [`Publisher::wait`] blocks until
+//! every record of a ticket is acknowledged, without spinning: the
+//! producer's own polling thread serves the delivery reports and wakes the
+//! waiter. So the run loop can send a batch's outputs, go on applying the
+//! next batch, and only then wait for the acknowledgements.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
 use rdkafka::ClientContext;
 
 use super::{client_config, KafkaError};
 use crate::store::OutboxRecord;
 
-/// Counts failed deliveries between two flushes.
+/// The records sent by one [`Publisher::send_all`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(usize);
+
+/// Per ticket: records not yet reported on, failures and the last error.
+#[derive(Default)]
+struct Outstanding {
+    unreported: usize,
+    failed: u64,
+    last_error: Option<String>,
+}
+
+/// Counts delivery reports per ticket and wakes whoever waits for one.
 #[derive(Default)]
 pub struct AckContext {
-    failed: AtomicU64,
-    last_error: Mutex<Option<String>>,
+    tickets: Mutex<HashMap<usize, Outstanding>>,
+    reported: Condvar,
 }
 
 impl ClientContext for AckContext {}
 
 impl ProducerContext for AckContext {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, ticket: usize) {
+        let mut tickets = self.tickets.lock().expect("not poisoned");
+        // A ticket given up (timed out) is no longer tracked.
+        let Some(t) = tickets.get_mut(&ticket) else { return };
+        t.unreported -= 1;
         if let Err((e, _)) = result {
-            self.failed.fetch_add(1, Ordering::SeqCst);
-            *self.last_error.lock().expect("not poisoned") = Some(e.to_string());
+            t.failed += 1;
+            t.last_error = Some(e.to_string());
+        }
+        if t.unreported == 0 {
+            self.reported.notify_all();
         }
     }
 }
@@ -43,9 +68,10 @@ pub const PRODUCER_DEFAULTS: [(&str, &str); 2] = [("compression.type", "lz4"), (
 /// idempotence (broker retries neither duplicate nor reorder).
 pub const PRODUCER_REQUIRED: [(&str, &str); 2] = [("partitioner", "murmur2_random"), ("enable.idempotence", "true")];
 
-/// Publishes batches of records and waits for their acknowledgements.
+/// Publishes records and waits for their acknowledgements.
 pub struct Publisher {
-    producer: BaseProducer<AckContext>,
+    producer: ThreadedProducer<AckContext>,
+    next_ticket: AtomicUsize,
     flush_timeout: Duration,
 }
 
@@ -59,30 +85,107 @@ impl Publisher {
         let producer = client_config(&defaults, kafka, &PRODUCER_REQUIRED)
             .create_with_context(AckContext::default())
             .map_err(KafkaError::client("creating the producer"))?;
-        Ok(Publisher { producer, flush_timeout: Duration::from_secs(30) })
+        Ok(Publisher { producer, next_ticket: AtomicUsize::new(0), flush_timeout: Duration::from_secs(30) })
     }
 
     /// Drops whatever is still queued or in flight, so that a retry sends
-    /// each record once more, not once per failed attempt.
-    fn purge(&self) {
+    /// each record once more, not once per failed attempt. The purged
+    /// records are reported (as failed) to their tickets.
+    pub fn purge(&self) {
         self.producer.purge(PurgeConfig::default().queue().inflight());
-        // Serve the purged records' delivery reports.
-        self.producer.poll(Duration::ZERO);
     }
 
-    /// Waits until no record is in flight. (rdkafka's `flush` sleeps in
-    /// 100 ms polls; measured, that alone capped a batch at 100 ms.)
-    fn await_acks(&self) -> Result<(), KafkaError> {
-        let deadline = std::time::Instant::now() + self.flush_timeout;
-        while self.producer.in_flight_count() > 0 {
-            if std::time::Instant::now() >= deadline {
+    /// Sends every record (to `partition` when given, else by key) under a
+    /// new ticket and returns at once. On an error nothing more is sent and
+    /// what was sent is purged.
+    pub fn send_all<'a>(
+        &self,
+        records: impl IntoIterator<Item = (&'a OutboxRecord, Option<i32>)>,
+    ) -> Result<(Ticket, usize), KafkaError> {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let ctx = self.producer.context();
+        ctx.tickets.lock().expect("not poisoned").insert(ticket, Outstanding::default());
+        let mut sent = 0;
+        for (rec, partition) in records {
+            let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+            for (k, v) in &rec.headers {
+                headers = headers.insert(Header { key: k, value: v.as_deref() });
+            }
+            let mut br: BaseRecord<'_, [u8], [u8], usize> =
+                BaseRecord::with_opaque_to(&rec.topic, ticket).headers(headers);
+            if let Some(k) = &rec.key {
+                br = br.key(k.as_slice());
+            }
+            if let Some(v) = &rec.value {
+                br = br.payload(v.as_slice());
+            }
+            if let Some(p) = partition {
+                br = br.partition(p);
+            }
+            // Counted before the send: its report may arrive before `send` returns.
+            ctx.tickets.lock().expect("not poisoned").get_mut(&ticket).expect("registered above").unreported += 1;
+            let mut queue_deadline = None;
+            loop {
+                match self.producer.send(br) {
+                    Ok(()) => break,
+                    Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                        if *queue_deadline.get_or_insert_with(|| Instant::now() + self.flush_timeout)
+                            > Instant::now() =>
+                    {
+                        // The polling thread makes room as reports come in.
+                        br = back;
+                        self.producer.poll(Duration::from_millis(10));
+                    }
+                    Err((e, _)) => {
+                        ctx.tickets.lock().expect("not poisoned").remove(&ticket);
+                        self.purge();
+                        return Err(KafkaError::Client { context: format!("sending to {}", rec.topic), source: e });
+                    }
+                }
+            }
+            sent += 1;
+        }
+        Ok((Ticket(ticket), sent))
+    }
+
+    /// Waits until every record of `ticket` is acknowledged; an error if
+    /// one was not, or if reports are missing after the flush timeout (the
+    /// rest is then purged). Either way the ticket is finished.
+    pub fn wait(&self, ticket: Ticket) -> Result<(), KafkaError> {
+        let ctx = self.producer.context();
+        let deadline = Instant::now() + self.flush_timeout;
+        let mut tickets = ctx.tickets.lock().expect("not poisoned");
+        loop {
+            let Some(t) = tickets.get(&ticket.0) else {
+                return Err(KafkaError::Other("waiting for an unknown or finished ticket".into()));
+            };
+            if t.unreported == 0 {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let missing = t.unreported;
+                tickets.remove(&ticket.0);
+                drop(tickets);
+                self.purge();
                 return Err(KafkaError::Other(format!(
-                    "{} records not acknowledged within {:?}",
-                    self.producer.in_flight_count(),
+                    "{missing} records not acknowledged within {:?}",
                     self.flush_timeout
                 )));
             }
-            self.producer.poll(Duration::from_millis(1));
+            tickets = ctx.reported.wait_timeout(tickets, left).expect("not poisoned").0;
+        }
+        let t = tickets.remove(&ticket.0).expect("present above");
+        if t.failed > 0 {
+            drop(tickets);
+            // Later records may still be queued behind the failed ones: a
+            // retry must not find them sent out of order.
+            self.purge();
+            return Err(KafkaError::Other(format!(
+                "{} records were not acknowledged: {}",
+                t.failed,
+                t.last_error.unwrap_or_default()
+            )));
         }
         Ok(())
     }
@@ -93,51 +196,8 @@ impl Publisher {
         &self,
         records: impl IntoIterator<Item = (&'a OutboxRecord, Option<i32>)>,
     ) -> Result<usize, KafkaError> {
-        let ctx = self.producer.context();
-        ctx.failed.store(0, Ordering::SeqCst);
-        let mut sent = 0;
-        for (rec, partition) in records {
-            let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
-            for (k, v) in &rec.headers {
-                headers = headers.insert(Header { key: k, value: v.as_deref() });
-            }
-            let mut br: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&rec.topic).headers(headers);
-            if let Some(k) = &rec.key {
-                br = br.key(k.as_slice());
-            }
-            if let Some(v) = &rec.value {
-                br = br.payload(v.as_slice());
-            }
-            if let Some(p) = partition {
-                br = br.partition(p);
-            }
-            let queue_deadline = std::time::Instant::now() + self.flush_timeout;
-            loop {
-                match self.producer.send(br) {
-                    Ok(()) => break,
-                    Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                        if std::time::Instant::now() < queue_deadline =>
-                    {
-                        br = back;
-                        self.producer.poll(Duration::from_millis(10));
-                    }
-                    Err((e, _)) => {
-                        self.purge();
-                        return Err(KafkaError::Client { context: format!("sending to {}", rec.topic), source: e });
-                    }
-                }
-            }
-            sent += 1;
-        }
-        if let Err(e) = self.await_acks() {
-            self.purge();
-            return Err(e);
-        }
-        let failed = ctx.failed.load(Ordering::SeqCst);
-        if failed > 0 {
-            let last = ctx.last_error.lock().expect("not poisoned").take().unwrap_or_default();
-            return Err(KafkaError::Other(format!("{failed} of {sent} records were not acknowledged: {last}")));
-        }
+        let (ticket, sent) = self.send_all(records)?;
+        self.wait(ticket)?;
         Ok(sent)
     }
 }

@@ -84,7 +84,7 @@ impl Harness {
         batch.put_entity(0, "cust-1".into(), entity);
         batch.set_offset(0, self.offset);
         rec.write_to(&mut batch);
-        self.store.commit(batch).unwrap();
+        self.store.commit(&batch).unwrap();
         ds
     }
 }

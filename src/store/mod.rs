@@ -115,6 +115,16 @@ impl Batch {
         self.outbox.push(record);
     }
 
+    /// The outputs to publish, in order.
+    pub fn outbox(&self) -> &[OutboxRecord] {
+        &self.outbox
+    }
+
+    /// Takes the outputs out of a written batch (the rest is dropped).
+    pub fn into_outbox(self) -> Vec<OutboxRecord> {
+        self.outbox
+    }
+
     /// Records a timeline entry (its ring slot is `entry.ordinal`
     /// modulo [`timeline::TIMELINE_CAP`]).
     pub fn add_timeline(&mut self, partition: i32, operation_id: String, entry: TimelineEntry) {

@@ -274,7 +274,7 @@ impl Store {
 
     /// Writes a batch atomically. Returns the outbox sequence numbers of its
     /// outputs (to delete once acknowledged).
-    pub fn commit(&self, batch: Batch) -> Result<std::ops::Range<u64>, StoreError> {
+    pub fn commit(&self, batch: &Batch) -> Result<std::ops::Range<u64>, StoreError> {
         let mut wb = WriteBatch::default();
         for (p, id, entry) in &batch.timeline {
             let slot = (entry.ordinal % TIMELINE_CAP) as u32;

@@ -1,9 +1,15 @@
 //! The run loop: consume a batch → decode → core → one atomic store write
-//! (state, timers, offsets, outbox) → publish the outbox and await acks →
-//! forget it. Plus the timer wheel that turns due deadlines into
-//! `DeadlineReached` events in the log.
+//! (state, timers, offsets, outbox) → send the outbox → consume and apply
+//! the next batch while the broker acknowledges → forget the acknowledged
+//! outbox. At most one batch is in flight, and its outputs are acknowledged
+//! before the next batch's are sent, so outputs keep the input order. Plus the timer wheel that turns due deadlines into
+//! `DeadlineReached` events in the log. The batch's own work (decode,
+//! core, timeline) is in [`apply`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod apply;
+pub use apply::{Applied, Applier};
+
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,13 +18,12 @@ use tracing::{debug, info, warn};
 
 use crate::codec::{validate_key, Codec, DecodeError, EncodeError};
 use crate::config::{Config, Topics};
-use crate::core::{self, Disposition, EntityState, Event, OperationState, Output, Policy, SourcePos};
+use crate::core::{Event, Output, Policy};
 use crate::kafka::consumer::GroupConsumer;
-use crate::kafka::producer::Publisher;
+use crate::kafka::producer::{Publisher, Ticket};
 use crate::kafka::{admin, KafkaError, Record};
 use crate::metrics::{self, Metrics, Readiness};
-use crate::operator::timeline::{Arrival, Recorder};
-use crate::store::{Batch, OutboxRecord, Store, StoreError};
+use crate::store::{OutboxRecord, Store, StoreError};
 
 /// Why the pipeline stopped.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +83,27 @@ pub struct Pipeline {
     discard_outputs: bool,
     pub stats: Stats,
     metrics: Arc<Metrics>,
+    /// The last batch: stored, its outputs sent but not yet acknowledged.
+    in_flight: Option<InFlight>,
+}
+
+/// A batch whose outputs were sent while the next batch is applied.
+struct InFlight {
+    sent: Sent,
+    outbox: Vec<OutboxRecord>,
+    /// Its outbox entries in the store.
+    seqs: std::ops::Range<u64>,
+    /// Its partitions and their next offsets.
+    touched: BTreeMap<i32, i64>,
+}
+
+/// How a batch's outputs went out.
+enum Sent {
+    /// No outputs, or outputs discarded (replay).
+    Nothing,
+    Ticket(Ticket),
+    /// Sending failed: publish again before anything else.
+    Failed,
 }
 
 /// Room for the provenance headers on top of the largest accepted record.
@@ -164,6 +190,7 @@ impl Pipeline {
             catch_up: BTreeMap::new(),
             discard_outputs: false,
             stats: Stats::default(),
+            in_flight: None,
         })
     }
 
@@ -197,7 +224,13 @@ impl Pipeline {
         let mut last_poll = Instant::now();
         while !shutdown.load(Ordering::SeqCst) {
             let this_poll = Instant::now();
-            let records = self.consumer.poll_batch(self.cfg.consumer.batch_size, wait)?;
+            let (records, revoked) = self.consumer.poll_batch(self.cfg.consumer.batch_size, wait)?;
+            if records.is_empty() || revoked {
+                // Nothing to overlap with, or partitions moving: finish
+                // the batch in flight now (a new owner reads the group
+                // offsets it commits).
+                self.finish_in_flight(shutdown)?;
+            }
             if !records.is_empty() {
                 self.process(records, last_poll, shutdown)?;
             }
@@ -210,6 +243,7 @@ impl Pipeline {
                 }
             }
         }
+        self.finish_in_flight(shutdown)?;
         info!(records = self.stats.records, verdicts = self.stats.verdicts, "Pipeline stopped");
         Ok(())
     }
@@ -247,14 +281,6 @@ impl Pipeline {
         }
     }
 
-    fn decode(&self, r: &Record) -> Result<Event, DecodeError> {
-        decode_record(&self.codec, self.cfg.consumer.max_record_bytes, r)
-    }
-
-    fn output_record(&self, o: &Output) -> Result<OutboxRecord, EncodeError> {
-        output_record(&self.codec, &self.cfg.topics, o)
-    }
-
     /// Applies one batch and makes it durable and published.
     fn process(&mut self, records: Vec<Record>, alive_at: Instant, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let started = Instant::now();
@@ -263,96 +289,21 @@ impl Pipeline {
             (a.owned.clone(), a.restore_until.clone())
         };
         let stored = next.clone();
-        // (partition, op) → (timer in the index before the batch, state)
-        let mut ops: HashMap<(i32, String), (Option<i64>, Option<OperationState>)> = HashMap::new();
-        let mut entities: HashMap<(i32, String), EntityState> = HashMap::new();
-        let mut batch = Batch::default();
-        let mut outputs = Vec::new();
-        let mut timeline = Recorder::default();
-        let mut touched: BTreeMap<i32, i64> = BTreeMap::new();
-        for r in &records {
-            let Some(expected) = next.get(&r.partition).copied() else { continue };
-            if r.offset < expected {
-                continue; // applied before a restart or a seek: never twice
-            }
-            next.insert(r.partition, r.offset + 1);
-            touched.insert(r.partition, r.offset + 1);
-            self.stats.records += 1;
-            crate::faults::point("pipeline::mid_batch");
-            // Below the restore target: published by a previous owner already.
-            let silent = crate::restore::silent(&restore_until, r.partition, r.offset);
-            if silent {
-                self.stats.restored += 1;
-                crate::faults::point("pipeline::restoring");
-            }
-            let ev = match self.decode(r) {
-                Ok(ev) => ev,
-                Err(e) => {
-                    debug!(partition = r.partition, offset = r.offset, class = e.class(), error = %e, "Dead-lettering a record");
-                    *self.stats.dead_letters.entry(e.class()).or_default() += 1;
-                    if !silent {
-                        self.metrics.dead_letter(e.class());
-                        batch.publish(dead_letter(&self.cfg.topics.dlq, r, &e));
-                    }
-                    continue;
-                }
-            };
-            if let core::Body::DeadlineReached { deadline } = ev.body {
-                self.fired.remove(&(ev.operation_id.clone(), deadline));
-            }
-            let p = r.partition;
-            let op_key = (p, ev.operation_id.clone());
-            if !ops.contains_key(&op_key) {
-                let state = self.store.get_op(p, &ev.operation_id)?;
-                ops.insert(op_key.clone(), (state.as_ref().and_then(|s| s.timer_at), state));
-            }
-            let ent_key = (p, ev.entity_id.clone());
-            if !entities.contains_key(&ent_key) {
-                entities.insert(ent_key.clone(), self.store.get_entity(p, &ev.entity_id)?);
-            }
-            let slot = &mut ops.get_mut(&op_key).expect("inserted above").1;
-            let entity = entities.get_mut(&ent_key).expect("inserted above");
-            let pos = SourcePos { partition: p, offset: r.offset };
-            let arrival = Arrival::of(&ev, pos, &self.policy);
-            let failed = metrics::failure_class(&ev.body);
-            let d = core::apply(&self.policy, slot, entity, ev, pos, &mut outputs);
-            self.metrics.event(d, failed, slot.as_ref());
-            timeline.record(&self.store, arrival, d, &outputs, slot.is_some())?;
-            *self.stats.by_disposition.entry(d.as_str()).or_default() += 1;
-            if d == Disposition::Held {
-                debug!(operation_id = %op_key.1, entity_id = %ent_key.1, partition = p, offset = r.offset, "Event held for reordering");
-            }
-            if silent {
-                outputs.clear();
-            }
-            for o in outputs.drain(..) {
-                self.metrics.output(&o);
-                match &o {
-                    Output::Verdict(v) => {
-                        self.stats.verdicts += 1;
-                        info!(operation_id = %v.operation_id, entity_id = %v.entity_id, outcome = v.outcome.as_str(), action = v.action.as_str(), "Verdict");
-                    }
-                    Output::Anomaly(a) => {
-                        self.stats.anomalies += 1;
-                        debug!(operation_id = %a.operation_id, entity_id = %a.entity_id, kind = a.kind.as_str(), "Anomaly");
-                    }
-                    Output::Command(_) => self.stats.commands += 1,
-                }
-                batch.publish(self.output_record(&o)?);
-            }
+        let applier = Applier {
+            store: &self.store,
+            policy: &self.policy,
+            codec: &self.codec,
+            topics: &self.cfg.topics,
+            max_record_bytes: self.cfg.consumer.max_record_bytes,
+            metrics: &self.metrics,
+        };
+        let Applied { batch, touched, deadlines } =
+            applier.apply(&records, &mut next, &restore_until, &mut self.stats)?;
+        for d in deadlines {
+            self.fired.remove(&d);
         }
         if touched.is_empty() {
             return Ok(());
-        }
-        for ((p, op_id), (before, state)) in ops {
-            batch.move_timer(p, &op_id, before, state.as_ref());
-            batch.put_op(p, op_id, state);
-        }
-        for ((p, id), e) in entities {
-            batch.put_entity(p, id, e);
-        }
-        for (p, n) in &touched {
-            batch.set_offset(*p, *n);
         }
         // Zombie fence: write nothing if the group may have moved these
         // partitions while this batch was being built.
@@ -362,19 +313,12 @@ impl Pipeline {
             self.consumer.rewind(&stored.into_iter().filter(|(p, _)| touched.contains_key(p)).collect());
             return Ok(());
         }
-        timeline.write_to(&mut batch);
-        let to_publish = batch.outbox.clone();
         let applied = started.elapsed();
-        let seqs = self.store.commit(batch)?;
+        let seqs = self.store.commit(&batch)?;
         crate::faults::point("pipeline::after_store");
         let stored = started.elapsed();
-        if !self.discard_outputs {
-            self.publish_with_retry(to_publish.iter().collect(), shutdown)?;
-        }
-        crate::faults::point("pipeline::after_publish");
-        let published = started.elapsed();
-        self.store.ack_outbox(seqs)?;
         {
+            // Applied and durable: the next batch starts past these offsets.
             let mut a = self.consumer.assignment.lock().expect("not poisoned");
             for (p, n) in &touched {
                 if let Some(slot) = a.owned.get_mut(p) {
@@ -383,19 +327,62 @@ impl Pipeline {
             }
             crate::restore::advance(&mut a.restore_until, &touched);
         }
-        self.consumer.commit_for_visibility(&touched);
+        // The previous batch's outputs were being acknowledged while this
+        // one was applied; they go first, so outputs keep the input order.
+        self.finish_in_flight(shutdown)?;
+        let acked = started.elapsed();
+        let outbox = batch.into_outbox();
+        let sent = if self.discard_outputs || outbox.is_empty() {
+            Sent::Nothing
+        } else {
+            match self.publisher.send_all(outbox.iter().map(|r| (r, None))) {
+                Ok((ticket, _)) => Sent::Ticket(ticket),
+                Err(e) => {
+                    warn!(error = %e, "Sending outputs failed; retrying after the next batch is stored");
+                    Sent::Failed
+                }
+            }
+        };
         self.stats.batches += 1;
         self.metrics.batch(records.len(), started.elapsed());
         debug!(
             records = records.len(),
-            outputs = to_publish.len(),
+            outputs = outbox.len(),
             apply_us = applied.as_micros() as u64,
             store_us = (stored - applied).as_micros() as u64,
-            publish_us = (published - stored).as_micros() as u64,
+            previous_ack_us = (acked - stored).as_micros() as u64,
             total_us = started.elapsed().as_micros() as u64,
             next_offsets = ?touched,
             "Batch committed"
         );
+        self.in_flight = Some(InFlight { sent, outbox, seqs, touched });
+        Ok(())
+    }
+
+    /// Waits until the outputs of the batch in flight are acknowledged
+    /// (publishing them again until they are), then forgets them in the
+    /// outbox and commits the group offsets past the batch (so a new owner
+    /// of its partitions restores it silently rather than publishing again).
+    fn finish_in_flight(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        let Some(f) = self.in_flight.take() else { return Ok(()) };
+        let acked = match f.sent {
+            Sent::Nothing => true,
+            Sent::Ticket(t) => match self.publisher.wait(t) {
+                Ok(()) => true,
+                Err(e) => {
+                    warn!(error = %e, "Outputs not acknowledged; publishing them again");
+                    false
+                }
+            },
+            Sent::Failed => false,
+        };
+        if !acked {
+            self.metrics.publish_retry();
+            self.publish_with_retry(f.outbox.iter().collect(), shutdown)?;
+        }
+        crate::faults::point("pipeline::after_publish");
+        self.store.ack_outbox(f.seqs)?;
+        self.consumer.commit_for_visibility(&f.touched);
         Ok(())
     }
 
