@@ -23,6 +23,10 @@ use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
 use reconciler::store::{Store, Tuning};
 
+/// The binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn status_kb(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
