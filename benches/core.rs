@@ -135,7 +135,7 @@ fn store_commit(c: &mut Criterion) {
                 let mut batch = Batch::default();
                 for op in engine.ops.values() {
                     batch.move_timer(0, &op.operation_id, None, Some(op));
-                    batch.put_op(0, op.operation_id.clone(), Some(op.clone()));
+                    batch.put_op(0, op.operation_id.clone(), Some(op.clone()), 0);
                 }
                 for (id, e) in &engine.entities {
                     batch.put_entity(0, id.clone(), e.clone());

@@ -201,10 +201,7 @@ impl OperationState {
 
     /// Whether the operation still waits for evidence (can go overdue).
     pub fn awaits_evidence(&self) -> bool {
-        matches!(
-            self.status,
-            Status::Pending | Status::Processing | Status::RetryScheduled | Status::AwaitingConfirmation
-        )
+        self.status.awaits_evidence()
     }
 
     fn idempotent(&self) -> bool {

@@ -39,6 +39,12 @@ impl Status {
         Status::Unrequested,
     ];
 
+    /// States in which the operation still waits for evidence that its
+    /// effect happened (the "unconfirmed" operations).
+    pub fn awaits_evidence(self) -> bool {
+        matches!(self, Status::Pending | Status::Processing | Status::RetryScheduled | Status::AwaitingConfirmation)
+    }
+
     /// Terminal states are kept for the retention period, then removed.
     pub fn is_terminal(self) -> bool {
         matches!(self, Status::Confirmed | Status::Compensated | Status::NotApplicable | Status::Closed)

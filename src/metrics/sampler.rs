@@ -28,11 +28,11 @@ use tracing::warn;
 
 use super::Metrics;
 use crate::config::Config;
-use crate::core::{OperationState, Policy, Status};
+use crate::core::{Policy, Status};
 use crate::kafka::consumer::Assignment;
 use crate::kafka::{client_config, CONSUMER_DEFAULTS};
 use crate::pipeline::Clock;
-use crate::store::Store;
+use crate::store::{OpSummary, Store};
 
 /// What the sampler reads.
 pub struct Source {
@@ -183,7 +183,7 @@ fn scan(src: &Source, parts: &BTreeSet<i32>, stop: &AtomicBool) -> Result<Option
     let mut s = Summary::default();
     let mut stopped = false;
     for p in parts {
-        src.store.scan_ops(*p, |op| {
+        src.store.scan_summaries(*p, |op| {
             s.add(&op);
             if s.operations % 1024 == 0 {
                 if stop.load(Ordering::SeqCst) {
@@ -207,17 +207,17 @@ fn scan(src: &Source, parts: &BTreeSet<i32>, stop: &AtomicBool) -> Result<Option
 }
 
 impl Summary {
-    fn add(&mut self, op: &OperationState) {
+    fn add(&mut self, op: &OpSummary) {
         self.operations += 1;
         *self.by_state.entry(op.status).or_default() += 1;
-        if op.awaits_evidence() {
-            if let Some(r) = &op.request {
-                let e = self.oldest_requested.entry(op.operation_type.clone()).or_insert(r.requested_at);
-                *e = (*e).min(r.requested_at);
+        if op.status.awaits_evidence() {
+            if let Some(at) = op.requested_at {
+                let e = self.oldest_requested.entry(op.operation_type.clone()).or_insert(at);
+                *e = (*e).min(at);
             }
         }
         if op.status == Status::ManualReview {
-            let since = op.review_since.unwrap_or(op.last_event_at);
+            let since = op.review_since;
             let e = self.review.entry(op.operation_type.clone()).or_insert((0, since));
             e.0 += 1;
             e.1 = e.1.min(since);

@@ -65,7 +65,10 @@ impl Harness {
     fn batch(&mut self, events: Vec<Event>) -> Vec<Disposition> {
         let mut batch = Batch::default();
         let mut rec = timeline::Recorder::default();
-        let mut slot = self.store.get_op(0, "op-1").unwrap();
+        let (mut slot, mut total) = match self.store.load_op(0, "op-1").unwrap() {
+            Some((s, t)) => (Some(s), t),
+            None => (None, 0),
+        };
         let before = slot.as_ref().and_then(|s| s.timer_at);
         let mut entity = self.store.get_entity(0, "cust-1").unwrap();
         let mut out = Vec::new();
@@ -75,12 +78,12 @@ impl Harness {
             self.offset += 1;
             let a = timeline::Arrival::of(&e, pos, &self.policy);
             let d = apply(&self.policy, &mut slot, &mut entity, e, pos, &mut out);
-            rec.record(&self.store, a, d, &out, slot.is_some()).unwrap();
+            rec.record(&mut total, a, d, &out, slot.is_some());
             out.clear();
             ds.push(d);
         }
         batch.move_timer(0, "op-1", before, slot.as_ref());
-        batch.put_op(0, "op-1".into(), slot);
+        batch.put_op(0, "op-1".into(), slot, total);
         batch.put_entity(0, "cust-1".into(), entity);
         batch.set_offset(0, self.offset);
         rec.write_to(&mut batch);

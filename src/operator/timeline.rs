@@ -3,16 +3,14 @@
 //! with the disposition and outputs, and writes the batch's entries with
 //! the state ([`Recorder::write_to`]).
 //!
-//! Cost per batch: one point read per operation touched (its timeline
-//! head), one small put per record and one per operation.
-
-use std::collections::HashMap;
+//! Cost per batch: one small put per record. How many entries an
+//! operation has received is kept beside its state (no read of its own).
 
 use crate::core::event::{Body, Event, SourcePos};
 use crate::core::output::ManualDecisionRecord;
 use crate::core::{Disposition, Output, Policy};
 use crate::store::timeline::{AnomalyNote, VerdictNote};
-use crate::store::{Batch, Store, StoreError, TimelineEntry};
+use crate::store::{Batch, TimelineEntry};
 
 /// What the timeline keeps of an event, taken before `core::apply`
 /// consumes it.
@@ -30,6 +28,11 @@ pub struct Arrival {
 }
 
 impl Arrival {
+    /// The operation the event belongs to.
+    pub fn operation_id(&self) -> &str {
+        &self.operation_id
+    }
+
     /// Takes what the timeline needs of `ev` (the decision note redacted as
     /// the core redacts it).
     pub fn of(ev: &Event, pos: SourcePos, policy: &Policy) -> Arrival {
@@ -92,36 +95,20 @@ pub fn summary(body: &Body) -> String {
 /// The timeline entries of one batch.
 #[derive(Debug, Default)]
 pub struct Recorder {
-    /// (partition, operation) → entries recorded so far, in all.
-    totals: HashMap<(i32, String), u64>,
     entries: Vec<(i32, String, TimelineEntry)>,
 }
 
 impl Recorder {
     /// Records what became of `arrival`: its disposition and the outputs
-    /// its processing produced. `exists` is whether the operation still
-    /// exists afterwards (a timer for a removed operation leaves no trace
-    /// that nothing would ever delete).
-    pub fn record(
-        &mut self,
-        store: &Store,
-        a: Arrival,
-        disposition: Disposition,
-        outputs: &[Output],
-        exists: bool,
-    ) -> Result<(), StoreError> {
+    /// its processing produced. `total` is how many entries the operation
+    /// has received so far (stored with its state); it is advanced.
+    /// `exists` is whether the operation still exists afterwards (a timer
+    /// for a removed operation leaves no trace that nothing would delete).
+    pub fn record(&mut self, total: &mut u64, a: Arrival, disposition: Disposition, outputs: &[Output], exists: bool) {
         if !exists {
-            return Ok(());
+            return;
         }
         let p = a.pos.partition;
-        let key = (p, a.operation_id);
-        let total = match self.totals.get_mut(&key) {
-            Some(t) => t,
-            None => {
-                let t = store.timeline_total(p, &key.1)?;
-                self.totals.entry(key.clone()).or_insert(t)
-            }
-        };
         let mut anomalies = Vec::new();
         let mut verdicts = Vec::new();
         for o in outputs {
@@ -156,17 +143,13 @@ impl Recorder {
             manual: a.manual,
         };
         *total += 1;
-        self.entries.push((p, key.1, entry));
-        Ok(())
+        self.entries.push((p, a.operation_id, entry));
     }
 
-    /// Adds the batch's entries and heads to the store batch.
+    /// Adds the batch's entries to the store batch.
     pub fn write_to(self, batch: &mut Batch) {
         for (p, op, e) in self.entries {
             batch.add_timeline(p, op, e);
-        }
-        for ((p, op), total) in self.totals {
-            batch.set_timeline_total(p, op, total);
         }
     }
 }

@@ -42,9 +42,14 @@ pub struct Applied {
     pub deadlines: Vec<(String, i64)>,
 }
 
-/// An operation's state during a batch, with the timer it had in the
-/// index before the batch (to move it in the index once, at the end).
-type OpSlot = (Option<i64>, Option<OperationState>);
+/// An operation during a batch: the timer it had in the index before the
+/// batch (to move it in the index once, at the end), its state, and how
+/// many timeline entries it has received.
+struct OpSlot {
+    timer_before: Option<i64>,
+    state: Option<OperationState>,
+    timeline_total: u64,
+}
 
 impl Applier<'_> {
     /// Applies `records` in order. `next` holds the next offset to apply of
@@ -94,14 +99,17 @@ impl Applier<'_> {
                 applied.deadlines.push((ev.operation_id.clone(), deadline));
             }
             let p = r.partition;
-            let slot = match ops.entry((p, ev.operation_id.clone())) {
+            let op = match ops.entry((p, ev.operation_id.clone())) {
                 Entry::Occupied(o) => o.into_mut(),
                 Entry::Vacant(v) => {
-                    let state = self.store.get_op(p, &ev.operation_id)?;
-                    v.insert((state.as_ref().and_then(|s| s.timer_at), state))
+                    let (state, timeline_total) = match self.store.load_op(p, &ev.operation_id)? {
+                        Some((state, total)) => (Some(state), total),
+                        None => (None, 0),
+                    };
+                    v.insert(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline_total })
                 }
             };
-            let slot = &mut slot.1;
+            let slot = &mut op.state;
             let entity = match entities.entry((p, ev.entity_id.clone())) {
                 Entry::Occupied(o) => o.into_mut(),
                 Entry::Vacant(v) => v.insert(self.store.get_entity(p, &ev.entity_id)?),
@@ -111,7 +119,7 @@ impl Applier<'_> {
             let failed = metrics::failure_class(&ev.body);
             let d = core::apply(self.policy, slot, entity, ev, pos, &mut outputs);
             self.metrics.event(d, failed, slot.as_ref());
-            timeline.record(self.store, arrival, d, &outputs, slot.is_some())?;
+            timeline.record(&mut op.timeline_total, arrival, d, &outputs, slot.is_some());
             *stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if let (Disposition::Held, Some(op)) = (d, slot.as_ref()) {
                 debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, partition = p, offset = r.offset, "Event held for reordering");
@@ -136,9 +144,9 @@ impl Applier<'_> {
             }
         }
         let batch = &mut applied.batch;
-        for ((p, op_id), (before, state)) in ops {
-            batch.move_timer(p, &op_id, before, state.as_ref());
-            batch.put_op(p, op_id, state);
+        for ((p, op_id), op) in ops {
+            batch.move_timer(p, &op_id, op.timer_before, op.state.as_ref());
+            batch.put_op(p, op_id, op.state, op.timeline_total);
         }
         for ((p, id), e) in entities {
             batch.put_entity(p, id, e);

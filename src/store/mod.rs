@@ -11,7 +11,7 @@ mod keys;
 mod rocks;
 pub mod timeline;
 
-pub use rocks::{Store, StoreError};
+pub use rocks::{OpSummary, Store, StoreError};
 pub use timeline::{Timeline, TimelineEntry};
 
 use serde::{Deserialize, Serialize};
@@ -59,7 +59,9 @@ pub struct TimerEntry {
 /// Everything one consumed batch changed, written atomically.
 #[derive(Debug, Default)]
 pub struct Batch {
-    pub(crate) ops: Vec<(i32, String, Option<OperationState>)>,
+    /// (partition, operation, state or `None` to delete, timeline entries
+    /// the operation has received in all).
+    pub(crate) ops: Vec<(i32, String, Option<OperationState>, u64)>,
     pub(crate) entities: Vec<(i32, String, EntityState)>,
     pub(crate) timers_removed: Vec<(i32, i64, String)>,
     pub(crate) timers_added: Vec<(i32, TimerEntry)>,
@@ -68,14 +70,13 @@ pub struct Batch {
     /// Timeline entries (written before `ops`: an operation deleted in the
     /// same batch takes them with it).
     pub(crate) timeline: Vec<(i32, String, TimelineEntry)>,
-    /// New timeline heads: (partition, operation, entries ever recorded).
-    pub(crate) timeline_heads: Vec<(i32, String, u64)>,
 }
 
 impl Batch {
-    /// Sets (or, with `None`, deletes) an operation's state.
-    pub fn put_op(&mut self, partition: i32, operation_id: String, state: Option<OperationState>) {
-        self.ops.push((partition, operation_id, state));
+    /// Sets (or, with `None`, deletes) an operation's state, with the
+    /// number of timeline entries it has received in all.
+    pub fn put_op(&mut self, partition: i32, operation_id: String, state: Option<OperationState>, timeline_total: u64) {
+        self.ops.push((partition, operation_id, state, timeline_total));
     }
 
     pub fn put_entity(&mut self, partition: i32, entity_id: String, state: EntityState) {
@@ -130,9 +131,7 @@ impl Batch {
     pub fn add_timeline(&mut self, partition: i32, operation_id: String, entry: TimelineEntry) {
         self.timeline.push((partition, operation_id, entry));
     }
-
-    /// Sets how many timeline entries an operation has received in all.
-    pub fn set_timeline_total(&mut self, partition: i32, operation_id: String, total: u64) {
-        self.timeline_heads.push((partition, operation_id, total));
-    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,117 @@
+//! The store's own contract: what a batch writes is what reads return, the
+//! outbox keeps whole batches in order, and a store of another format is
+//! refused with a clear error rather than misread.
+
+use super::*;
+use crate::core::Event;
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp(name: &str) -> TempDir {
+    let dir = std::env::temp_dir().join(format!("reconciler-store-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    TempDir(dir)
+}
+
+fn record(n: u8) -> OutboxRecord {
+    OutboxRecord {
+        topic: "out".into(),
+        key: Some(vec![n]),
+        value: Some(vec![n; 3]),
+        headers: vec![("h".into(), Some(vec![n]))],
+    }
+}
+
+#[test]
+fn the_outbox_keeps_each_batch_whole_and_in_order_until_acknowledged() {
+    let dir = temp("outbox");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let mut first = Batch::default();
+    first.publish(record(1));
+    first.publish(record(2));
+    let mut second = Batch::default();
+    second.publish(record(3));
+    let a = store.commit(&first).unwrap();
+    let b = store.commit(&second).unwrap();
+    assert_eq!(store.commit(&Batch::default()).unwrap(), 0..0, "a batch without outputs takes no sequence number");
+    assert_eq!(store.outbox_len().unwrap(), 3, "counts records, not batches");
+    let pending = store.pending_outbox().unwrap();
+    let records: Vec<_> = pending.iter().map(|(_, r)| r.clone()).collect();
+    assert_eq!(records, vec![record(1), record(2), record(3)]);
+    assert_eq!(pending.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![a.start, a.start, b.start]);
+    store.ack_outbox(a).unwrap();
+    assert_eq!(store.pending_outbox().unwrap(), vec![(b.start, record(3))]);
+    drop(store);
+    // Sequence numbers continue after a restart.
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let mut third = Batch::default();
+    third.publish(record(4));
+    assert_eq!(store.commit(&third).unwrap().start, b.start + 1);
+}
+
+#[test]
+fn an_operation_is_read_back_with_its_timeline_total() {
+    let dir = temp("op");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let ev = Event::deadline_reached("op-1", "ent-1", "sync", 5);
+    let state = OperationState::new(&ev);
+    let mut batch = Batch::default();
+    batch.put_op(0, "op-1".into(), Some(state.clone()), 7);
+    store.commit(&batch).unwrap();
+    assert_eq!(store.load_op(0, "op-1").unwrap(), Some((state.clone(), 7)));
+    assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
+    assert_eq!(store.timeline_total(0, "op-1").unwrap(), 7);
+    assert_eq!(store.load_op(1, "op-1").unwrap(), None, "operations are scoped by partition");
+    let mut seen = Vec::new();
+    store
+        .scan_summaries(0, |s| {
+            seen.push(s);
+            true
+        })
+        .unwrap();
+    let summary = OpSummary {
+        operation_type: "sync".into(),
+        status: state.status,
+        requested_at: None,
+        review_since: state.last_event_at,
+    };
+    assert_eq!(seen, vec![summary]);
+    let mut batch = Batch::default();
+    batch.put_op(0, "op-1".into(), None, 7);
+    store.commit(&batch).unwrap();
+    assert_eq!(store.timeline_total(0, "op-1").unwrap(), 0);
+}
+
+#[test]
+fn a_store_of_an_older_format_is_refused_with_the_directory_named() {
+    let dir = temp("format");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let mut batch = Batch::default();
+    batch.set_offset(0, 10);
+    store.commit(&batch).unwrap();
+    // What a store written before the format marker looks like.
+    store.db.delete_cf(store.cf("meta"), b"format").unwrap();
+    drop(store);
+    let err = Store::open(&dir.0, "t.events", false).err().expect("refused");
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Format { found: 1, .. }), "{msg}");
+    assert!(msg.contains(&dir.0.display().to_string()) && msg.contains("replay"), "{msg}");
+}
+
+#[test]
+fn a_new_or_current_store_opens() {
+    let dir = temp("fresh");
+    drop(Store::open(&dir.0, "t.events", false).unwrap());
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let mut batch = Batch::default();
+    batch.set_offset(0, 1);
+    store.commit(&batch).unwrap();
+    drop(store);
+    assert!(Store::open(&dir.0, "t.events", false).is_ok());
+}
