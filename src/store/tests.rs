@@ -115,3 +115,36 @@ fn a_new_or_current_store_opens() {
     drop(store);
     assert!(Store::open(&dir.0, "t.events", false).is_ok());
 }
+
+#[test]
+fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
+    use crate::core::Disposition;
+    let dir = temp("ring");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let ev = Event::deadline_reached("op-1", "ent-1", "sync", 5);
+    let entry = |ordinal: u64| TimelineEntry {
+        ordinal,
+        partition: 0,
+        offset: ordinal as i64,
+        event_id: format!("e{ordinal}"),
+        seq: None,
+        body: "DeadlineReached".into(),
+        occurred_at: 5,
+        producer: "p".into(),
+        disposition: Disposition::Applied,
+        summary: String::new(),
+        anomalies: Vec::new(),
+        verdicts: Vec::new(),
+        manual: None,
+    };
+    let mut batch = Batch::default();
+    // Another operation's entries around it, so the batch really is sorted.
+    batch.add_timeline(0, "op-2".into(), entry(0));
+    batch.add_timeline(0, "op-1".into(), entry(3));
+    batch.add_timeline(0, "op-1".into(), entry(3 + timeline::TIMELINE_CAP));
+    batch.add_timeline(0, "op-0".into(), entry(0));
+    batch.put_op(0, "op-1".into(), Some(OperationState::new(&ev)), 4 + timeline::TIMELINE_CAP);
+    store.commit(&batch).unwrap();
+    let t = store.timeline(0, "op-1").unwrap();
+    assert_eq!(t.entries.iter().map(|e| e.ordinal).collect::<Vec<_>>(), vec![3 + timeline::TIMELINE_CAP]);
+}
