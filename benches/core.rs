@@ -2,11 +2,16 @@
 //! `cargo bench --bench core`; figures are per core (single-threaded).
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
 use reconciler::codec::Codec;
 use reconciler::config::Config;
 use reconciler::core::memory::MemoryEngine;
 use reconciler::core::{Output, Policy, SourcePos};
 use reconciler::demo::{self, DemoRecord};
+
+/// The binary's allocator (src/main.rs), so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn events() -> Vec<reconciler::core::Event> {
     demo::workload(1_700_000_000_000, 200)
