@@ -38,11 +38,18 @@ pub struct Assignment {
     pub received: bool,
 }
 
+/// Run in the revoke callback before the partitions are released. It
+/// finishes the batch whose outputs are in flight (waits for their
+/// acknowledgements) and returns the next offsets to commit for it, or
+/// `None` when there is nothing acknowledged to commit.
+pub type RevokeHook = Box<dyn FnMut() -> Option<BTreeMap<i32, i64>> + Send>;
+
 /// Seeks assigned partitions to the offsets in the store.
 pub struct GroupContext {
     store: Arc<Store>,
     topic: String,
     pub assignment: Arc<Mutex<Assignment>>,
+    revoke_hook: Mutex<Option<RevokeHook>>,
 }
 
 impl ClientContext for GroupContext {}
@@ -86,6 +93,16 @@ impl ConsumerContext for GroupContext {
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                // Commit what is acknowledged before letting go: the new
+                // owner restores silently up to the group's offsets, so a
+                // commit sent after the release would make it publish the
+                // batch in flight again.
+                let finished = self.revoke_hook.lock().expect("not poisoned").as_mut().and_then(|hook| hook());
+                if let Some(offsets) = finished {
+                    if let Err(e) = consumer.commit(&offsets_list(&self.topic, &offsets), CommitMode::Sync) {
+                        warn!(error = %e, "Committing offsets before releasing partitions failed; the new owner may repeat outputs");
+                    }
+                }
                 for e in tpl.elements() {
                     a.owned.remove(&e.partition());
                     a.restore_until.remove(&e.partition());
@@ -135,6 +152,17 @@ pub fn committed_offsets<C: ConsumerContext>(
         .collect())
 }
 
+/// The offsets list of `offsets` (partition → next offset) in `topic`.
+fn offsets_list(topic: &str, offsets: &BTreeMap<i32, i64>) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for (p, next) in offsets {
+        if let Err(e) = tpl.add_partition_offset(topic, *p, Offset::Offset(*next)) {
+            warn!(partition = p, offset = next, error = %e, "Not committing an invalid offset");
+        }
+    }
+    tpl
+}
+
 /// A subscribed consumer that hands out batches of owned records.
 pub struct GroupConsumer {
     consumer: BaseConsumer<GroupContext>,
@@ -153,7 +181,12 @@ impl GroupConsumer {
         store: Arc<Store>,
     ) -> Result<Self, KafkaError> {
         let assignment = Arc::new(Mutex::new(Assignment::default()));
-        let ctx = GroupContext { store, topic: topic.to_owned(), assignment: assignment.clone() };
+        let ctx = GroupContext {
+            store,
+            topic: topic.to_owned(),
+            assignment: assignment.clone(),
+            revoke_hook: Mutex::new(None),
+        };
         let consumer: BaseConsumer<GroupContext> = client_config(
             &CONSUMER_DEFAULTS,
             kafka,
@@ -210,15 +243,24 @@ impl GroupConsumer {
         Ok((out, revoked))
     }
 
-    /// Commits group offsets (for lag visibility only).
+    /// Sets what runs before revoked partitions are released (see [`RevokeHook`]).
+    pub fn on_revoke(&self, hook: RevokeHook) {
+        *self.consumer.context().revoke_hook.lock().expect("not poisoned") = Some(hook);
+    }
+
+    /// Commits group offsets past applied batches whose outputs are
+    /// acknowledged: lag for tools, and the point up to which a new owner
+    /// restores silently. Only partitions still owned: a late commit for a
+    /// partition that moved would set its new owner's offset back.
     pub fn commit_for_visibility(&self, offsets: &BTreeMap<i32, i64>) {
-        let mut tpl = TopicPartitionList::new();
-        for (p, next) in offsets {
-            if tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*next)).is_err() {
-                return;
-            }
+        let owned: BTreeMap<i32, i64> = {
+            let a = self.assignment.lock().expect("not poisoned");
+            offsets.iter().filter(|(p, _)| a.owned.contains_key(p)).map(|(p, n)| (*p, *n)).collect()
+        };
+        if owned.is_empty() {
+            return;
         }
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+        if let Err(e) = self.consumer.commit(&offsets_list(&self.topic, &owned), CommitMode::Async) {
             warn!(error = %e, "Committing group offsets failed (lag display only)");
         }
     }

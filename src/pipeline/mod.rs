@@ -11,7 +11,7 @@ pub use apply::{Applied, Applier};
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
@@ -68,7 +68,7 @@ pub struct Pipeline {
     codec: Codec,
     store: Arc<Store>,
     consumer: GroupConsumer,
-    publisher: Publisher,
+    publisher: Arc<Publisher>,
     clock: Clock,
     fence: crate::restore::Fence,
     /// Timers published but not yet consumed back: (operation, due time).
@@ -84,7 +84,25 @@ pub struct Pipeline {
     pub stats: Stats,
     metrics: Arc<Metrics>,
     /// The last batch: stored, its outputs sent but not yet acknowledged.
-    in_flight: Option<InFlight>,
+    /// Shared with the consumer's revoke callback, which finishes it
+    /// before partitions are released.
+    in_flight: Arc<Mutex<Option<InFlight>>>,
+}
+
+/// Whether the outputs sent as `sent` are all acknowledged (waiting for
+/// them if need be).
+fn acknowledged(publisher: &Publisher, sent: Sent) -> bool {
+    match sent {
+        Sent::Nothing => true,
+        Sent::Ticket(t) => match publisher.wait(t) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(error = %e, "Outputs not acknowledged; publishing them again");
+                false
+            }
+        },
+        Sent::Failed => false,
+    }
 }
 
 /// A batch whose outputs were sent while the next batch is applied.
@@ -98,6 +116,7 @@ struct InFlight {
 }
 
 /// How a batch's outputs went out.
+#[derive(Clone, Copy)]
 enum Sent {
     /// No outputs, or outputs discarded (replay).
     Nothing,
@@ -172,7 +191,7 @@ impl Pipeline {
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
         let store = Arc::new(Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?);
-        let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?;
+        let publisher = Arc::new(Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?);
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
         let fence = crate::restore::Fence::new(&cfg.kafka);
         let metrics = Arc::new(Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types));
@@ -190,7 +209,7 @@ impl Pipeline {
             catch_up: BTreeMap::new(),
             discard_outputs: false,
             stats: Stats::default(),
-            in_flight: None,
+            in_flight: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -214,6 +233,7 @@ impl Pipeline {
     pub fn run(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let source = metrics::sampler::Source::new(&self.cfg, &self.store, &self.consumer.assignment, &self.clock);
         let _sampler = metrics::Sampler::start(self.metrics.clone(), source);
+        self.install_revoke_hook();
         self.republish_outbox(shutdown)?;
         let wait = Duration::from_millis(self.cfg.consumer.batch_wait_ms);
         let timer_every = Duration::from_millis(self.cfg.time.timer_interval_ms);
@@ -237,7 +257,7 @@ impl Pipeline {
             last_poll = this_poll;
             if last_timers.elapsed() >= timer_every {
                 last_timers = Instant::now();
-                if let Err(e) = self.fire_timers() {
+                if let Err(e) = self.fire_timers(shutdown) {
                     // Nothing was recorded as fired: the next tick retries.
                     warn!(error = %e, "Firing timers failed; retrying on the next tick");
                 }
@@ -355,7 +375,7 @@ impl Pipeline {
             next_offsets = ?touched,
             "Batch committed"
         );
-        self.in_flight = Some(InFlight { sent, outbox, seqs, touched });
+        *self.in_flight.lock().expect("not poisoned") = Some(InFlight { sent, outbox, seqs, touched });
         Ok(())
     }
 
@@ -364,19 +384,8 @@ impl Pipeline {
     /// outbox and commits the group offsets past the batch (so a new owner
     /// of its partitions restores it silently rather than publishing again).
     fn finish_in_flight(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        let Some(f) = self.in_flight.take() else { return Ok(()) };
-        let acked = match f.sent {
-            Sent::Nothing => true,
-            Sent::Ticket(t) => match self.publisher.wait(t) {
-                Ok(()) => true,
-                Err(e) => {
-                    warn!(error = %e, "Outputs not acknowledged; publishing them again");
-                    false
-                }
-            },
-            Sent::Failed => false,
-        };
-        if !acked {
+        let Some(f) = self.in_flight.lock().expect("not poisoned").take() else { return Ok(()) };
+        if !acknowledged(&self.publisher, f.sent) {
             self.metrics.publish_retry();
             self.publish_with_retry(f.outbox.iter().collect(), shutdown)?;
         }
@@ -384,6 +393,30 @@ impl Pipeline {
         self.store.ack_outbox(f.seqs)?;
         self.consumer.commit_for_visibility(&f.touched);
         Ok(())
+    }
+
+    /// Lets the consumer finish the batch in flight when partitions are
+    /// revoked, before they are released (see [`crate::kafka::consumer::RevokeHook`]). What it
+    /// cannot finish (outputs not acknowledged) stays for the run loop,
+    /// which publishes it again.
+    fn install_revoke_hook(&self) {
+        let (in_flight, publisher, store) = (self.in_flight.clone(), self.publisher.clone(), self.store.clone());
+        self.consumer.on_revoke(Box::new(move || {
+            let mut slot = in_flight.lock().expect("not poisoned");
+            let mut f = slot.take()?;
+            if !acknowledged(&publisher, f.sent) {
+                f.sent = Sent::Failed;
+                *slot = Some(f);
+                return None;
+            }
+            if let Err(e) = store.ack_outbox(f.seqs.clone()) {
+                warn!(error = %e, "Forgetting acknowledged outputs failed; the run loop retries");
+                f.sent = Sent::Nothing;
+                *slot = Some(f);
+                return None;
+            }
+            Some(f.touched)
+        }));
     }
 
     /// Whether partition `p` (next offset `next`) has consumed everything
@@ -406,7 +439,7 @@ impl Pipeline {
     /// Publishes `DeadlineReached` for due timers of owned, caught-up
     /// partitions. A partition still catching up (replay) fires nothing: its
     /// deadline events may still be ahead in the log.
-    fn fire_timers(&mut self) -> Result<(), PipelineError> {
+    fn fire_timers(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let now = (self.clock)();
         let (owned, received) = {
             let mut a = self.consumer.assignment.lock().expect("not poisoned");
@@ -444,6 +477,9 @@ impl Pipeline {
         if events.is_empty() {
             return Ok(());
         }
+        // A failed publish purges the producer: nothing else may be in
+        // flight then, or it would be sent again.
+        self.finish_in_flight(shutdown)?;
         // To the operation's own partition, whatever the key would hash to:
         // the timer must be judged by the owner of the operation's state.
         self.publisher.publish_all(events.iter().map(|(r, p, _)| (r, Some(*p))))?;

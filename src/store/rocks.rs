@@ -194,13 +194,21 @@ impl Store {
                 });
             }
         }
+        // A reader must not misread another version's values either.
+        store.format_matches(dir)?;
         Ok(store)
     }
 
     /// Refuses a store written in another format; marks a new one.
     fn check_format(&self, dir: &Path) -> Result<(), StoreError> {
-        let meta = self.cf(META);
-        let found = match self.db.get_cf(meta, b"format")? {
+        self.format_matches(dir)?;
+        self.db.put_cf(self.cf(META), b"format", FORMAT.to_be_bytes())?;
+        Ok(())
+    }
+
+    /// An error unless the store is of [`FORMAT`] (or has applied nothing).
+    fn format_matches(&self, dir: &Path) -> Result<(), StoreError> {
+        let found = match self.db.get_cf(self.cf(META), b"format")? {
             Some(v) => u32::from_be_bytes(v[..4].try_into().expect("4-byte format")),
             // Before the marker: format 1, unless nothing was ever applied.
             None if self.partitions()?.is_empty() => FORMAT,
@@ -209,7 +217,6 @@ impl Store {
         if found != FORMAT {
             return Err(StoreError::Format { dir: dir.display().to_string(), found, expected: FORMAT });
         }
-        self.db.put_cf(meta, b"format", FORMAT.to_be_bytes())?;
         Ok(())
     }
 

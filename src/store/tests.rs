@@ -97,6 +97,9 @@ fn a_store_of_an_older_format_is_refused_with_the_directory_named() {
     store.commit(&batch).unwrap();
     // What a store written before the format marker looks like.
     store.db.delete_cf(store.cf("meta"), b"format").unwrap();
+    let scratch = temp("format-secondary");
+    let err = Store::open_secondary(&dir.0, &scratch.0, "t.events").err().expect("a reader refuses it too");
+    assert!(matches!(err, StoreError::Format { found: 1, .. }), "{err}");
     drop(store);
     let err = Store::open(&dir.0, "t.events", false).err().expect("refused");
     let msg = err.to_string();
