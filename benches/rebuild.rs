@@ -11,6 +11,7 @@
 //! memtables), not by how many operations the store holds.
 //!
 //!   REBUILD_OPERATIONS=10000000 cargo bench --bench rebuild
+//!   REBUILD_BLOCK_CACHE_MB=128 REBUILD_OPERATIONS=1000000 cargo bench --bench rebuild
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -45,7 +46,14 @@ fn main() {
     let cfg = Config::default();
     let policy = cfg.policy();
     let codec = Codec::new();
-    let tuning = Tuning::default();
+    // REBUILD_BLOCK_CACHE_MB / REBUILD_WRITE_BUFFER_MB: the `[store]`
+    // budget, to show that RSS follows it rather than the operations held.
+    let defaults = Tuning::default();
+    let env = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let tuning = Tuning {
+        block_cache_mb: env("REBUILD_BLOCK_CACHE_MB", defaults.block_cache_mb),
+        write_buffer_mb: env("REBUILD_WRITE_BUFFER_MB", defaults.write_buffer_mb),
+    };
     let dir = std::env::temp_dir().join(format!("reconciler-rebuild-{}", std::process::id()));
     let store = Store::open_with(&dir, "rebuild.events", false, &tuning).unwrap();
     let mut opts = Options::preload(operations, 5, loadgen::now_ms());
