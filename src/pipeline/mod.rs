@@ -396,9 +396,10 @@ impl Pipeline {
     }
 
     /// Lets the consumer finish the batch in flight when partitions are
-    /// revoked, before they are released (see [`crate::kafka::consumer::RevokeHook`]). What it
-    /// cannot finish (outputs not acknowledged) stays for the run loop,
-    /// which publishes it again.
+    /// revoked, before they are released (see
+    /// [`crate::kafka::consumer::RevokeHook`]). What it cannot finish
+    /// (outputs not acknowledged) stays for the run loop, which publishes
+    /// it again.
     fn install_revoke_hook(&self) {
         let (in_flight, publisher, store) = (self.in_flight.clone(), self.publisher.clone(), self.store.clone());
         self.consumer.on_revoke(Box::new(move || {
