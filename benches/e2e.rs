@@ -405,4 +405,6 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) {
         lat.len(),
         proc.peak_rss_mb
     );
+    // Its state directory (about 0.5 GB), like the main run's.
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(prefix));
 }
