@@ -146,11 +146,15 @@ pub struct Published {
 
 /// The record as it goes to the input topic.
 pub fn to_outbox(codec: &Codec, topic: &str, r: &LoadRecord) -> Result<OutboxRecord, EncodeError> {
-    let (key, value) = match r {
-        LoadRecord::Event(e) => (e.entity_id.as_bytes().to_vec(), Some(codec.encode_event(e)?)),
-        LoadRecord::Raw { key, value, .. } => (key.clone(), value.clone()),
-    };
-    Ok(OutboxRecord { topic: topic.to_owned(), key: Some(key), value, headers: Vec::new() })
+    match r {
+        LoadRecord::Event(e) => crate::pipeline::event_record(codec, topic, e),
+        LoadRecord::Raw { key, value, .. } => Ok(OutboxRecord {
+            topic: topic.to_owned(),
+            key: Some(key.clone()),
+            value: value.clone(),
+            headers: Vec::new(),
+        }),
+    }
 }
 
 /// Publishes everything `gen` yields to the input topic and returns the

@@ -94,12 +94,7 @@ pub fn check(op: &OperationState, decision: Decision) -> Result<(), OperatorErro
 
 /// The record to publish to input topic `topic`: keyed by entity_id.
 pub fn record(codec: &Codec, topic: &str, d: &PreparedDecision) -> Result<OutboxRecord, OperatorError> {
-    Ok(OutboxRecord {
-        topic: topic.to_owned(),
-        key: Some(d.event.entity_id.clone().into_bytes()),
-        value: Some(codec.encode_event(&d.event)?),
-        headers: Vec::new(),
-    })
+    Ok(crate::pipeline::event_record(codec, topic, &d.event)?)
 }
 
 /// Publishes a prepared decision to the operation's partition of `topic`

@@ -168,6 +168,17 @@ pub fn decode_record(codec: &Codec, max_record_bytes: usize, r: &Record) -> Resu
     Ok(ev)
 }
 
+/// An event as it goes to the input topic `topic`: keyed by its entity
+/// (timer firings, manual decisions and generated workloads all use it).
+pub fn event_record(codec: &Codec, topic: &str, ev: &Event) -> Result<OutboxRecord, EncodeError> {
+    Ok(OutboxRecord {
+        topic: topic.to_owned(),
+        key: Some(ev.entity_id.as_bytes().to_vec()),
+        value: Some(codec.encode_event(ev)?),
+        headers: Vec::new(),
+    })
+}
+
 /// An output of the core as it is published.
 pub fn output_record(codec: &Codec, t: &Topics, o: &Output) -> Result<OutboxRecord, EncodeError> {
     let (topic, value) = match o {
@@ -462,12 +473,7 @@ impl Pipeline {
                     continue;
                 }
                 let ev = Event::deadline_reached(&t.operation_id, &t.entity_id, &t.operation_type, t.at);
-                let rec = OutboxRecord {
-                    topic: self.cfg.topics.events.clone(),
-                    key: Some(t.entity_id.clone().into_bytes()),
-                    value: Some(self.codec.encode_event(&ev)?),
-                    headers: Vec::new(),
-                };
+                let rec = event_record(&self.codec, &self.cfg.topics.events, &ev)?;
                 debug!(operation_id = %t.operation_id, entity_id = %t.entity_id, due = t.at, "Timer due");
                 events.push((rec, p, (t.operation_id, t.at)));
             }
