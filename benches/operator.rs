@@ -8,7 +8,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use reconciler::config::Config;
 use reconciler::core::{apply, Disposition, EntityState, Event, OperationState, Output, SourcePos};
 use reconciler::demo::{self, DemoRecord};
-use reconciler::operator::timeline::{Arrival, Recorder};
+use reconciler::operator::timeline::{self, Arrival};
 use reconciler::store::{Batch, Store};
 
 struct Applied {
@@ -69,26 +69,18 @@ fn bench(c: &mut Criterion) {
             let (store, _) = fresh();
             let mut batch = state_batch();
             let t0 = std::time::Instant::now();
-            let mut rec = Recorder::default();
             let mut totals = HashMap::new();
             for a in &applied {
                 let total = totals.entry(a.arrival.operation_id().to_owned()).or_insert(0);
-                rec.record(total, a.arrival.clone(), a.disposition, &a.outputs, a.exists);
+                timeline::record(&mut batch, total, a.arrival.clone(), a.disposition, &a.outputs, a.exists);
             }
             let t1 = t0.elapsed();
-            rec.write_to(&mut batch);
-            let t2 = t0.elapsed();
             store.commit(&batch).unwrap();
-            let t3 = t0.elapsed();
+            let t2 = t0.elapsed();
             let (store2, _) = fresh();
             let t4 = std::time::Instant::now();
             store2.commit(&state_batch()).unwrap();
-            eprintln!(
-                "record {t1:?} write_to {:?} commit {:?}; state only incl. build {:?}",
-                t2 - t1,
-                t3 - t2,
-                t4.elapsed()
-            );
+            eprintln!("record {t1:?} commit {:?}; state only incl. build {:?}", t2 - t1, t4.elapsed());
         }
     }
     let mut g = c.benchmark_group("timeline");
@@ -108,32 +100,27 @@ fn bench(c: &mut Criterion) {
         b.iter_batched(
             || (fresh(), state_batch(), applied.iter().map(|a| a.arrival.clone()).collect::<Vec<_>>()),
             |((store, dir), mut batch, arrivals)| {
-                let mut rec = Recorder::default();
                 let mut totals = HashMap::new();
                 for (arrival, a) in arrivals.into_iter().zip(&applied) {
                     let total = totals.entry(arrival.operation_id().to_owned()).or_insert(0);
-                    rec.record(total, arrival, a.disposition, &a.outputs, a.exists);
+                    timeline::record(&mut batch, total, arrival, a.disposition, &a.outputs, a.exists);
                 }
-                rec.write_to(&mut batch);
                 store.commit(&batch).unwrap();
                 (store, dir)
             },
             BatchSize::PerIteration,
         )
     });
-    let (store, _) = fresh();
     g.bench_function("record_5000_without_commit", |b| {
         b.iter_batched(
             || applied.iter().map(|a| a.arrival.clone()).collect::<Vec<_>>(),
             |arrivals| {
-                let mut rec = Recorder::default();
+                let mut batch = Batch::default();
                 let mut totals = HashMap::new();
                 for (arrival, a) in arrivals.into_iter().zip(&applied) {
                     let total = totals.entry(arrival.operation_id().to_owned()).or_insert(0);
-                    rec.record(total, arrival, a.disposition, &a.outputs, a.exists);
+                    timeline::record(&mut batch, total, arrival, a.disposition, &a.outputs, a.exists);
                 }
-                let mut batch = Batch::default();
-                rec.write_to(&mut batch);
                 batch
             },
             BatchSize::LargeInput,
@@ -150,7 +137,6 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
-    drop(store);
     let _ = std::fs::remove_dir_all(&base);
 }
 

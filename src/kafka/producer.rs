@@ -91,7 +91,7 @@ impl Publisher {
     /// Drops whatever is still queued or in flight, so that a retry sends
     /// each record once more, not once per failed attempt. The purged
     /// records are reported (as failed) to their tickets.
-    pub fn purge(&self) {
+    fn purge(&self) {
         self.producer.purge(PurgeConfig::default().queue().inflight());
     }
 

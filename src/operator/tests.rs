@@ -1,9 +1,10 @@
 //! The data layer against a real RocksDB store, driven the way the
-//! pipeline drives it: `Arrival` → `core::apply` → `Recorder` → one batch.
+//! pipeline drives it: `Arrival` → `core::apply` → `timeline::record` → one batch.
 
 use super::*;
 use crate::core::event::{Body, Decision, EffectObserved, Event, EvidenceSource, Requested, SourcePos};
 use crate::core::{apply, Disposition, Policy, Status};
+use crate::store::tests::{temp, TempDir};
 use crate::store::{Batch, Store};
 
 struct Harness {
@@ -11,14 +12,6 @@ struct Harness {
     policy: Policy,
     offset: i64,
     _dir: TempDir,
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn ev(id: &str, seq: Option<i64>, at: i64, body: Body) -> Event {
@@ -55,20 +48,15 @@ fn observed(version: i64) -> Body {
 
 impl Harness {
     fn new(name: &str) -> Harness {
-        let dir = std::env::temp_dir().join(format!("reconciler-operator-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let store = Store::open(&dir, "t.events", false).unwrap();
-        Harness { store, policy: Policy::default(), offset: 0, _dir: TempDir(dir) }
+        let dir = temp(&format!("operator-{name}"));
+        let store = Store::open(&dir.0, "t.events", false).unwrap();
+        Harness { store, policy: Policy::default(), offset: 0, _dir: dir }
     }
 
     /// One batch of events on partition 0, as the pipeline writes it.
     fn batch(&mut self, events: Vec<Event>) -> Vec<Disposition> {
         let mut batch = Batch::default();
-        let mut rec = timeline::Recorder::default();
-        let (mut slot, mut total) = match self.store.load_op(0, "op-1").unwrap() {
-            Some((s, t)) => (Some(s), t),
-            None => (None, 0),
-        };
+        let (mut slot, mut total) = self.store.load_op(0, "op-1").unwrap();
         let before = slot.as_ref().and_then(|s| s.timer_at);
         let mut entity = self.store.get_entity(0, "cust-1").unwrap();
         let mut out = Vec::new();
@@ -78,7 +66,7 @@ impl Harness {
             self.offset += 1;
             let a = timeline::Arrival::of(&e, pos, &self.policy);
             let d = apply(&self.policy, &mut slot, &mut entity, e, pos, &mut out);
-            rec.record(&mut total, a, d, &out, slot.is_some());
+            timeline::record(&mut batch, &mut total, a, d, &out, slot.is_some());
             out.clear();
             ds.push(d);
         }
@@ -86,7 +74,6 @@ impl Harness {
         batch.put_op(0, "op-1".into(), slot, total);
         batch.put_entity(0, "cust-1".into(), entity);
         batch.set_offset(0, self.offset);
-        rec.write_to(&mut batch);
         self.store.commit(&batch).unwrap();
         ds
     }

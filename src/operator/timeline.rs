@@ -1,7 +1,7 @@
 //! Recording the timeline on the hot path. The pipeline takes an
-//! [`Arrival`] of each event before the core consumes it, hands it back
-//! with the disposition and outputs, and writes the batch's entries with
-//! the state ([`Recorder::write_to`]).
+//! [`Arrival`] of each event before the core consumes it and hands it back
+//! with the disposition and outputs ([`record`]); the entry goes into the
+//! batch written with the state.
 //!
 //! Cost per batch: one small put per record. How many entries an
 //! operation has received is kept beside its state (no read of its own).
@@ -92,64 +92,56 @@ pub fn summary(body: &Body) -> String {
     }
 }
 
-/// The timeline entries of one batch.
-#[derive(Debug, Default)]
-pub struct Recorder {
-    entries: Vec<(i32, String, TimelineEntry)>,
-}
-
-impl Recorder {
-    /// Records what became of `arrival`: its disposition and the outputs
-    /// its processing produced. `total` is how many entries the operation
-    /// has received so far (stored with its state); it is advanced.
-    /// `exists` is whether the operation still exists afterwards (a timer
-    /// for a removed operation leaves no trace that nothing would delete).
-    pub fn record(&mut self, total: &mut u64, a: Arrival, disposition: Disposition, outputs: &[Output], exists: bool) {
-        if !exists {
-            return;
-        }
-        let p = a.pos.partition;
-        let mut anomalies = Vec::new();
-        let mut verdicts = Vec::new();
-        for o in outputs {
-            match o {
-                Output::Anomaly(x) => {
-                    anomalies.push(AnomalyNote { kind: x.kind, event_id: x.event_id.clone(), detail: x.detail.clone() })
-                }
-                Output::Verdict(v) => verdicts.push(VerdictNote {
-                    verdict_id: v.verdict_id.clone(),
-                    outcome: v.outcome,
-                    action: v.action,
-                    state: v.state,
-                    reason: v.reason.clone(),
-                    trigger_event_id: v.trigger_event_id.clone(),
-                }),
-                Output::Command(_) => {}
+/// Records in `batch` what became of arrival `a`: its disposition and the
+/// outputs its processing produced. `total` is how many entries the
+/// operation has received so far (stored with its state); it is advanced.
+/// `exists` is whether the operation still exists afterwards (a timer for a
+/// removed operation leaves no trace that nothing would delete).
+pub fn record(
+    batch: &mut Batch,
+    total: &mut u64,
+    a: Arrival,
+    disposition: Disposition,
+    outputs: &[Output],
+    exists: bool,
+) {
+    if !exists {
+        return;
+    }
+    let p = a.pos.partition;
+    let mut anomalies = Vec::new();
+    let mut verdicts = Vec::new();
+    for o in outputs {
+        match o {
+            Output::Anomaly(x) => {
+                anomalies.push(AnomalyNote { kind: x.kind, event_id: x.event_id.clone(), detail: x.detail.clone() })
             }
-        }
-        let entry = TimelineEntry {
-            ordinal: *total,
-            partition: p,
-            offset: a.pos.offset,
-            event_id: a.event_id,
-            seq: a.seq,
-            body: a.body.to_owned(),
-            occurred_at: a.occurred_at,
-            producer: a.producer,
-            disposition,
-            summary: a.summary,
-            anomalies,
-            verdicts,
-            manual: a.manual,
-        };
-        *total += 1;
-        self.entries.push((p, a.operation_id, entry));
-    }
-
-    /// Adds the batch's entries to the store batch.
-    pub fn write_to(self, batch: &mut Batch) {
-        for (p, op, e) in self.entries {
-            batch.add_timeline(p, op, e);
+            Output::Verdict(v) => verdicts.push(VerdictNote {
+                verdict_id: v.verdict_id.clone(),
+                outcome: v.outcome,
+                action: v.action,
+                state: v.state,
+                reason: v.reason.clone(),
+                trigger_event_id: v.trigger_event_id.clone(),
+            }),
+            Output::Command(_) => {}
         }
     }
+    let entry = TimelineEntry {
+        ordinal: *total,
+        partition: p,
+        offset: a.pos.offset,
+        event_id: a.event_id,
+        seq: a.seq,
+        body: a.body.to_owned(),
+        occurred_at: a.occurred_at,
+        producer: a.producer,
+        disposition,
+        summary: a.summary,
+        anomalies,
+        verdicts,
+        manual: a.manual,
+    };
+    *total += 1;
+    batch.add_timeline(p, a.operation_id, entry);
 }

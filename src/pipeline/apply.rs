@@ -18,7 +18,7 @@ use crate::config::Topics;
 use crate::core::{self, Disposition, EntityState, OperationState, Output, Policy, SourcePos};
 use crate::kafka::Record;
 use crate::metrics::{self, Metrics};
-use crate::operator::timeline::{Arrival, Recorder};
+use crate::operator::timeline::{self, Arrival};
 use crate::store::{Batch, Store};
 
 /// What a batch needs besides its records; borrowed from the pipeline.
@@ -68,7 +68,6 @@ impl Applier<'_> {
         let mut entities: HashMap<(i32, String), EntityState> = HashMap::new();
         let mut applied = Applied::default();
         let mut outputs = Vec::new();
-        let mut timeline = Recorder::default();
         for r in records {
             let Some(expected) = next.get(&r.partition).copied() else { continue };
             if r.offset < expected {
@@ -102,10 +101,7 @@ impl Applier<'_> {
             let op = match ops.entry((p, ev.operation_id.clone())) {
                 Entry::Occupied(o) => o.into_mut(),
                 Entry::Vacant(v) => {
-                    let (state, timeline_total) = match self.store.load_op(p, &ev.operation_id)? {
-                        Some((state, total)) => (Some(state), total),
-                        None => (None, 0),
-                    };
+                    let (state, timeline_total) = self.store.load_op(p, &ev.operation_id)?;
                     v.insert(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline_total })
                 }
             };
@@ -119,7 +115,7 @@ impl Applier<'_> {
             let failed = metrics::failure_class(&ev.body);
             let d = core::apply(self.policy, slot, entity, ev, pos, &mut outputs);
             self.metrics.event(d, failed, slot.as_ref());
-            timeline.record(&mut op.timeline_total, arrival, d, &outputs, slot.is_some());
+            timeline::record(&mut applied.batch, &mut op.timeline_total, arrival, d, &outputs, slot.is_some());
             *stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if let (Disposition::Held, Some(op)) = (d, slot.as_ref()) {
                 debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, partition = p, offset = r.offset, "Event held for reordering");
@@ -154,7 +150,6 @@ impl Applier<'_> {
         for (p, n) in &applied.touched {
             batch.set_offset(*p, *n);
         }
-        timeline.write_to(batch);
         Ok(applied)
     }
 }

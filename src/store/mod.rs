@@ -134,4 +134,4 @@ impl Batch {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

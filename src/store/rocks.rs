@@ -118,6 +118,11 @@ fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, St
     postcard::from_bytes(bytes).map_err(|source| StoreError::Corrupt { what, source })
 }
 
+/// Decodes a `T` from the start of `bytes`, ignoring the rest.
+fn decode_prefix<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+    postcard::take_from_bytes(bytes).map(|(v, _)| v).map_err(|source| StoreError::Corrupt { what, source })
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir` for input topic `topic`, with
     /// the default memory budget.
@@ -151,17 +156,8 @@ impl Store {
         let cfs = FAMILIES.iter().map(|n| ColumnFamilyDescriptor::new(*n, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
         let store = Store { db, sync, next_outbox_seq: AtomicU64::new(0) };
-        let meta = store.cf(META);
-        match store.db.get_cf(meta, b"topic")? {
-            Some(found) if found != topic.as_bytes() => {
-                return Err(StoreError::WrongTopic {
-                    dir: dir.display().to_string(),
-                    found: String::from_utf8_lossy(&found).into_owned(),
-                    expected: topic.to_owned(),
-                })
-            }
-            Some(_) => {}
-            None => store.db.put_cf(meta, b"topic", topic.as_bytes())?,
+        if !store.topic_matches(dir, topic)? {
+            store.db.put_cf(store.cf(META), b"topic", topic.as_bytes())?;
         }
         store.check_format(dir)?;
         let last = store.db.iterator_cf(store.cf(OUTBOX), IteratorMode::End).next().transpose()?;
@@ -185,18 +181,24 @@ impl Store {
         }
         let db = DB::open_cf_as_secondary(&opts, dir, scratch, FAMILIES)?;
         let store = Store { db, sync: false, next_outbox_seq: AtomicU64::new(0) };
-        if let Some(found) = store.db.get_cf(store.cf(META), b"topic")? {
-            if found != topic.as_bytes() {
-                return Err(StoreError::WrongTopic {
-                    dir: dir.display().to_string(),
-                    found: String::from_utf8_lossy(&found).into_owned(),
-                    expected: topic.to_owned(),
-                });
-            }
-        }
+        store.topic_matches(dir, topic)?;
         // A reader must not misread another version's values either.
         store.format_matches(dir)?;
         Ok(store)
+    }
+
+    /// An error if the store belongs to another input topic; whether it
+    /// names one at all (a new store does not yet).
+    fn topic_matches(&self, dir: &Path, topic: &str) -> Result<bool, StoreError> {
+        match self.db.get_cf(self.cf(META), b"topic")? {
+            Some(found) if found != topic.as_bytes() => Err(StoreError::WrongTopic {
+                dir: dir.display().to_string(),
+                found: String::from_utf8_lossy(&found).into_owned(),
+                expected: topic.to_owned(),
+            }),
+            Some(_) => Ok(true),
+            None => Ok(false),
+        }
     }
 
     /// Refuses a store written in another format; marks a new one.
@@ -231,18 +233,18 @@ impl Store {
     }
 
     pub fn get_op(&self, partition: i32, operation_id: &str) -> Result<Option<OperationState>, StoreError> {
-        Ok(self.load_op(partition, operation_id)?.map(|(state, _)| state))
+        Ok(self.load_op(partition, operation_id)?.0)
     }
 
     /// An operation's state with the number of timeline entries it has
-    /// received in all.
-    pub fn load_op(&self, partition: i32, operation_id: &str) -> Result<Option<(OperationState, u64)>, StoreError> {
-        Ok(self
+    /// received in all (0 when there is no such operation).
+    pub fn load_op(&self, partition: i32, operation_id: &str) -> Result<(Option<OperationState>, u64), StoreError> {
+        let stored = self
             .db
             .get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))?
             .map(|b| decode::<StoredOp>("operation", &b))
-            .transpose()?
-            .map(|s| (s.state, s.timeline_total)))
+            .transpose()?;
+        Ok(stored.map_or((None, 0), |s| (Some(s.state), s.timeline_total)))
     }
 
     pub fn get_entity(&self, partition: i32, entity_id: &str) -> Result<EntityState, StoreError> {
@@ -290,28 +292,29 @@ impl Store {
     /// Visits the operations of `partition` one at a time, without holding
     /// them all in memory; stops early when `visit` returns false.
     pub fn scan_ops(&self, partition: i32, mut visit: impl FnMut(OperationState) -> bool) -> Result<(), StoreError> {
-        let prefix = keys::partition_prefix(partition);
-        for item in self.db.iterator_cf(self.cf(OPS), IteratorMode::From(&prefix, Direction::Forward)) {
-            let (k, v) = item?;
-            if !k.starts_with(&prefix) || !visit(decode::<StoredOp>("operation", &v)?.state) {
-                break;
-            }
-        }
-        Ok(())
+        self.scan_op_values(partition, |v| Ok(visit(decode::<StoredOp>("operation", v)?.state)))
     }
 
     /// Visits the summaries of the operations of `partition` (decoding
     /// nothing else); stops early when `visit` returns false.
     pub fn scan_summaries(&self, partition: i32, mut visit: impl FnMut(OpSummary) -> bool) -> Result<(), StoreError> {
+        self.scan_op_values(partition, |v| {
+            let (_, summary) = decode_prefix::<(u64, OpSummary)>("operation", v)?;
+            Ok(visit(summary))
+        })
+    }
+
+    /// The stored values of the operations of `partition`, in key order,
+    /// until `visit` returns false.
+    fn scan_op_values(
+        &self,
+        partition: i32,
+        mut visit: impl FnMut(&[u8]) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
         let prefix = keys::partition_prefix(partition);
         for item in self.db.iterator_cf(self.cf(OPS), IteratorMode::From(&prefix, Direction::Forward)) {
             let (k, v) = item?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            let ((_, summary), _) = postcard::take_from_bytes::<(u64, OpSummary)>(&v)
-                .map_err(|source| StoreError::Corrupt { what: "operation", source })?;
-            if !visit(summary) {
+            if !k.starts_with(&prefix) || !visit(&v)? {
                 break;
             }
         }
@@ -325,9 +328,7 @@ impl Store {
         let mut it = self.db.raw_iterator_cf(self.cf(OUTBOX));
         it.seek_to_first();
         while let Some(v) = it.value() {
-            let (len, _) = postcard::take_from_bytes::<u64>(v)
-                .map_err(|source| StoreError::Corrupt { what: "outbox batch", source })?;
-            n += len as usize;
+            n += decode_prefix::<u64>("outbox batch", v)? as usize;
             it.next();
         }
         it.status()?;
@@ -346,7 +347,7 @@ impl Store {
 
     /// How many timeline entries `operation_id` has received in all.
     pub fn timeline_total(&self, partition: i32, operation_id: &str) -> Result<u64, StoreError> {
-        Ok(self.load_op(partition, operation_id)?.map_or(0, |(_, total)| total))
+        Ok(self.load_op(partition, operation_id)?.1)
     }
 
     /// An operation's retained timeline, in arrival order.
@@ -397,6 +398,9 @@ impl Store {
     pub fn commit(&self, batch: &Batch) -> Result<std::ops::Range<u64>, StoreError> {
         let mut wb = WriteBatch::default();
         let mut enc = Encoder(Vec::with_capacity(1024));
+        // Handles looked up once, not per write (each is a lookup by name).
+        let (timeline_cf, ops_cf, entities_cf, timers_cf) =
+            (self.cf(TIMELINE), self.cf(OPS), self.cf(ENTITIES), self.cf(TIMERS));
         // Each family's writes go in in key order: the memtable's skip list
         // then finds every insert next to the previous one (unsorted, the
         // skip list's searches were a fifth of the rebuild's CPU).
@@ -407,33 +411,33 @@ impl Store {
                 .map(|(p, id, entry)| (keys::timeline_entry(*p, id, (entry.ordinal % TIMELINE_CAP) as u32), entry)),
         );
         for (key, entry) in timeline {
-            wb.put_cf(self.cf(TIMELINE), key, enc.bytes(entry));
+            wb.put_cf(timeline_cf, key, enc.bytes(entry));
         }
         for (key, (p, id, state, timeline_total)) in by_key(batch.ops.iter().map(|op| (keys::scoped(op.0, &op.1), op)))
         {
             match state {
                 Some(state) => wb.put_cf(
-                    self.cf(OPS),
+                    ops_cf,
                     key,
                     enc.bytes(&StoredOpRef { timeline_total: *timeline_total, summary: OpSummary::of(state), state }),
                 ),
                 None => {
-                    wb.delete_cf(self.cf(OPS), key);
+                    wb.delete_cf(ops_cf, key);
                     // Out of retention: its timeline goes with it (after
                     // this batch's entries, which it removes too).
-                    wb.delete_range_cf(self.cf(TIMELINE), keys::timeline_head(*p, id), keys::timeline_end(*p, id));
+                    wb.delete_range_cf(timeline_cf, keys::timeline_head(*p, id), keys::timeline_end(*p, id));
                 }
             }
         }
         for (key, (_, _, state)) in by_key(batch.entities.iter().map(|e| (keys::scoped(e.0, &e.1), e))) {
-            wb.put_cf(self.cf(ENTITIES), key, enc.bytes(state));
+            wb.put_cf(entities_cf, key, enc.bytes(state));
         }
         for (key, _) in by_key(batch.timers_removed.iter().map(|(p, at, op)| (keys::timer(*p, *at, op), &()))) {
-            wb.delete_cf(self.cf(TIMERS), key);
+            wb.delete_cf(timers_cf, key);
         }
         for (key, (_, t)) in by_key(batch.timers_added.iter().map(|e| (keys::timer(e.0, e.1.at, &e.1.operation_id), e)))
         {
-            wb.put_cf(self.cf(TIMERS), key, enc.bytes(t));
+            wb.put_cf(timers_cf, key, enc.bytes(t));
         }
         for (p, next) in &batch.offsets {
             wb.put_cf(self.cf(OFFSETS), keys::partition_prefix(*p), next.to_be_bytes());
@@ -447,9 +451,7 @@ impl Store {
             wb.put_cf(self.cf(OUTBOX), seq.to_be_bytes(), enc.bytes(&batch.outbox));
             seq..seq + 1
         };
-        let mut wo = WriteOptions::default();
-        wo.set_sync(self.sync);
-        self.db.write_opt(wb, &wo)?;
+        self.write(wb)?;
         Ok(seqs)
     }
 
@@ -460,6 +462,11 @@ impl Store {
         }
         let mut wb = WriteBatch::default();
         wb.delete_range_cf(self.cf(OUTBOX), seqs.start.to_be_bytes(), seqs.end.to_be_bytes());
+        self.write(wb)
+    }
+
+    /// Writes `wb` atomically (synced when the store was opened so).
+    fn write(&self, wb: WriteBatch) -> Result<(), StoreError> {
         let mut wo = WriteOptions::default();
         wo.set_sync(self.sync);
         self.db.write_opt(wb, &wo)?;

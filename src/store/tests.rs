@@ -5,7 +5,9 @@
 use super::*;
 use crate::core::Event;
 
-struct TempDir(std::path::PathBuf);
+/// A fresh directory for a test's store, removed when dropped (the other
+/// unit tests that open a store use it too).
+pub(crate) struct TempDir(pub(crate) std::path::PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
@@ -13,8 +15,9 @@ impl Drop for TempDir {
     }
 }
 
-fn temp(name: &str) -> TempDir {
-    let dir = std::env::temp_dir().join(format!("reconciler-store-{name}-{}", std::process::id()));
+/// `reconciler-<name>-<pid>` in the temp directory, emptied.
+pub(crate) fn temp(name: &str) -> TempDir {
+    let dir = std::env::temp_dir().join(format!("reconciler-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     TempDir(dir)
 }
@@ -30,7 +33,7 @@ fn record(n: u8) -> OutboxRecord {
 
 #[test]
 fn the_outbox_keeps_each_batch_whole_and_in_order_until_acknowledged() {
-    let dir = temp("outbox");
+    let dir = temp("store-outbox");
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let mut first = Batch::default();
     first.publish(record(1));
@@ -57,17 +60,17 @@ fn the_outbox_keeps_each_batch_whole_and_in_order_until_acknowledged() {
 
 #[test]
 fn an_operation_is_read_back_with_its_timeline_total() {
-    let dir = temp("op");
+    let dir = temp("store-op");
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let ev = Event::deadline_reached("op-1", "ent-1", "sync", 5);
     let state = OperationState::new(&ev);
     let mut batch = Batch::default();
     batch.put_op(0, "op-1".into(), Some(state.clone()), 7);
     store.commit(&batch).unwrap();
-    assert_eq!(store.load_op(0, "op-1").unwrap(), Some((state.clone(), 7)));
+    assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), 7));
     assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
     assert_eq!(store.timeline_total(0, "op-1").unwrap(), 7);
-    assert_eq!(store.load_op(1, "op-1").unwrap(), None, "operations are scoped by partition");
+    assert_eq!(store.load_op(1, "op-1").unwrap(), (None, 0), "operations are scoped by partition");
     let mut seen = Vec::new();
     store
         .scan_summaries(0, |s| {
@@ -90,14 +93,14 @@ fn an_operation_is_read_back_with_its_timeline_total() {
 
 #[test]
 fn a_store_of_an_older_format_is_refused_with_the_directory_named() {
-    let dir = temp("format");
+    let dir = temp("store-format");
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let mut batch = Batch::default();
     batch.set_offset(0, 10);
     store.commit(&batch).unwrap();
     // What a store written before the format marker looks like.
     store.db.delete_cf(store.cf("meta"), b"format").unwrap();
-    let scratch = temp("format-secondary");
+    let scratch = temp("store-format-secondary");
     let err = Store::open_secondary(&dir.0, &scratch.0, "t.events").err().expect("a reader refuses it too");
     assert!(matches!(err, StoreError::Format { found: 1, .. }), "{err}");
     drop(store);
@@ -109,7 +112,7 @@ fn a_store_of_an_older_format_is_refused_with_the_directory_named() {
 
 #[test]
 fn a_new_or_current_store_opens() {
-    let dir = temp("fresh");
+    let dir = temp("store-fresh");
     drop(Store::open(&dir.0, "t.events", false).unwrap());
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let mut batch = Batch::default();
@@ -122,7 +125,7 @@ fn a_new_or_current_store_opens() {
 #[test]
 fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
     use crate::core::Disposition;
-    let dir = temp("ring");
+    let dir = temp("store-ring");
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let ev = Event::deadline_reached("op-1", "ent-1", "sync", 5);
     let entry = |ordinal: u64| TimelineEntry {
