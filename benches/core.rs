@@ -152,7 +152,7 @@ fn store_commit(c: &mut Criterion) {
                 batch
             },
             |batch| {
-                let seqs = store.commit(&batch).unwrap();
+                let seqs = store.commit(batch).unwrap();
                 store.ack_outbox(seqs).unwrap();
             },
             BatchSize::LargeInput,

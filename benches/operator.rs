@@ -75,11 +75,11 @@ fn bench(c: &mut Criterion) {
                 timeline::record(&mut batch, total, a.arrival.clone(), a.disposition, &a.outputs, a.exists);
             }
             let t1 = t0.elapsed();
-            store.commit(&batch).unwrap();
+            store.commit(batch).unwrap();
             let t2 = t0.elapsed();
             let (store2, _) = fresh();
             let t4 = std::time::Instant::now();
-            store2.commit(&state_batch()).unwrap();
+            store2.commit(state_batch()).unwrap();
             eprintln!("record {t1:?} commit {:?}; state only incl. build {:?}", t2 - t1, t4.elapsed());
         }
     }
@@ -90,7 +90,7 @@ fn bench(c: &mut Criterion) {
         b.iter_batched(
             || (fresh(), state_batch()),
             |((store, dir), batch)| {
-                store.commit(&batch).unwrap();
+                store.commit(batch).unwrap();
                 (store, dir)
             },
             BatchSize::PerIteration,
@@ -105,7 +105,7 @@ fn bench(c: &mut Criterion) {
                     let total = totals.entry(arrival.operation_id().to_owned()).or_insert(0);
                     timeline::record(&mut batch, total, arrival, a.disposition, &a.outputs, a.exists);
                 }
-                store.commit(&batch).unwrap();
+                store.commit(batch).unwrap();
                 (store, dir)
             },
             BatchSize::PerIteration,

@@ -1,16 +1,20 @@
 //! Replay rebuild without Kafka, into RocksDB, and the memory it takes.
 //!
 //! Streams a loadgen workload of REBUILD_OPERATIONS operations (default
-//! 1,000,000) as encoded records through the pipeline's own batch step
-//! ([`Applier`]: decode, `core::apply` against the store's state, timeline,
-//! metrics, outputs encoded) and its one atomic RocksDB write per batch of
-//! 5,000 (state, timers, offsets, timeline and the outbox, acknowledged at
-//! once: no broker), and reports the rate
+//! 1,000,000) as encoded records, spread over REBUILD_PARTITIONS partitions
+//! by key (default 6, the default topic's), through the pipeline's own
+//! batch step ([`Applier`]: decode, `core::apply` against the store's
+//! state, timeline, metrics, on REBUILD_THREADS lanes, default one per core
+//! as `[consumer] apply_threads = 0`) and its one atomic RocksDB write per
+//! batch of 5,000 (state, timers, offsets and timeline) into a store opened
+//! as `reconciler replay` opens it, and reports the rate
 //! (generation excluded) and the process's peak and final RSS. Run with
 //! 1M and 10M operations to see that RSS is set by `[store]` (block cache,
 //! memtables), not by how many operations the store holds.
 //!
 //!   REBUILD_OPERATIONS=10000000 cargo bench --bench rebuild
+//!   REBUILD_THREADS=1 cargo bench --bench rebuild
+//!   REBUILD_OUTPUTS=1 cargo bench --bench rebuild   # as `replay --output-prefix`
 //!   REBUILD_BLOCK_CACHE_MB=128 REBUILD_OPERATIONS=1000000 cargo bench --bench rebuild
 
 use std::collections::BTreeMap;
@@ -42,20 +46,28 @@ fn dir_bytes(p: &std::path::Path) -> u64 {
 }
 
 fn main() {
-    let operations: u64 = std::env::var("REBUILD_OPERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    let cfg = Config::default();
+    let env = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let operations = env("REBUILD_OPERATIONS", 1_000_000) as u64;
+    let partitions = env("REBUILD_PARTITIONS", 6).max(1) as i32;
+    // Records per batch: the pipeline's default `[consumer] batch_size`.
+    let batch = env("REBUILD_BATCH", Config::default().consumer.batch_size).max(1);
+    let mut cfg = Config::default();
+    cfg.consumer.apply_threads = env("REBUILD_THREADS", 0);
     let policy = cfg.policy();
     let codec = Codec::new();
     // REBUILD_BLOCK_CACHE_MB / REBUILD_WRITE_BUFFER_MB: the `[store]`
     // budget, to show that RSS follows it rather than the operations held.
     let defaults = Tuning::default();
-    let env = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let tuning = Tuning {
         block_cache_mb: env("REBUILD_BLOCK_CACHE_MB", defaults.block_cache_mb),
         write_buffer_mb: env("REBUILD_WRITE_BUFFER_MB", defaults.write_buffer_mb),
     };
     let dir = std::env::temp_dir().join(format!("reconciler-rebuild-{}", std::process::id()));
-    let store = Store::open_with(&dir, "rebuild.events", false, &tuning).unwrap();
+    // As `reconciler replay` opens it: no write-ahead log.
+    let store = Store::open_for_rebuild(&dir, "rebuild.events", &tuning).unwrap();
+    // REBUILD_OUTPUTS=1: outputs encoded and stored, as `replay
+    // --output-prefix` does (else counted only, as a plain replay does).
+    let discard_outputs = env("REBUILD_OUTPUTS", 0) == 0;
     let mut opts = Options::preload(operations, 5, loadgen::now_ms());
     // A fixed entity count and no per-operation truth: nothing in this
     // process but the store should grow with the operations.
@@ -63,24 +75,21 @@ fn main() {
     opts.keep_verdicts = false;
     let mut gen = Generator::new(opts);
     let mut busy = Duration::ZERO;
-    let (mut total, mut offset, mut outputs_n) = (0u64, -1i64, 0u64);
+    // Apply (the lanes free their batch's states), then the store write.
+    let mut phases = [Duration::ZERO; 2];
+    let mut total = 0u64;
     let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
-    let applier = Applier {
-        store: &store,
-        policy: &policy,
-        codec: &codec,
-        topics: &cfg.topics,
-        max_record_bytes: cfg.consumer.max_record_bytes,
-        metrics: &metrics,
-    };
-    let mut next = BTreeMap::from([(0, 0)]);
+    let applier = Applier { discard_outputs, ..Applier::new(&cfg, &store, &policy, &codec, &metrics) };
+    let mut next: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
+    // The next offset to hand out in each partition.
+    let mut offsets = next.clone();
     let no_restore = BTreeMap::new();
     let mut stats = Stats::default();
     let started = Instant::now();
     loop {
         let chunk: Vec<(Vec<u8>, Option<Vec<u8>>)> = gen
             .by_ref()
-            .take(5000)
+            .take(batch)
             .map(|p| match p.record {
                 LoadRecord::Event(e) => (e.entity_id.clone().into_bytes(), Some(codec.encode_event(&e).unwrap())),
                 LoadRecord::Raw { key, value, .. } => (key, value),
@@ -92,10 +101,15 @@ fn main() {
         let records: Vec<Record> = chunk
             .into_iter()
             .map(|(key, value)| {
-                offset += 1;
+                // By key, as a producer's partitioner does: an entity's
+                // events stay in one partition, in order.
+                let partition = (xxhash_rust::xxh3::xxh3_64(&key) % partitions as u64) as i32;
+                let slot = offsets.get_mut(&partition).expect("every partition");
+                let offset = *slot;
+                *slot += 1;
                 Record {
                     topic: cfg.topics.events.clone(),
-                    partition: 0,
+                    partition,
                     offset,
                     timestamp: None,
                     key: Some(key),
@@ -106,23 +120,35 @@ fn main() {
             .collect();
         let t = Instant::now();
         // Exactly the pipeline's per-batch work (decode, core, timeline,
-        // metrics, outputs encoded), then its store write; the outbox is
-        // acknowledged at once (no broker).
+        // metrics, outputs counted or encoded, on the lanes), then its store
+        // write; an outbox is acknowledged at once (no broker).
         let applied = applier.apply(&records, &mut next, &no_restore, &mut stats).unwrap();
-        outputs_n += applied.batch.outbox().len() as u64;
-        let seqs = store.commit(&applied.batch).unwrap();
+        let a = t.elapsed();
+        let seqs = store.write_encoded(&applied.batch).unwrap();
         store.ack_outbox(seqs).unwrap();
+        drop(applied);
         busy += t.elapsed();
+        phases[0] += a;
+        phases[1] += t.elapsed() - a;
         total += records.len() as u64;
     }
+    // A replay ends with a flush (the store has no write-ahead log).
+    let t = Instant::now();
+    store.flush().unwrap();
+    busy += t.elapsed();
+    phases[1] += t.elapsed();
+    let outputs_n = stats.verdicts + stats.anomalies + stats.commands + stats.dead_letters.values().sum::<u64>();
     let truth = gen.into_truth();
     println!(
-        "rebuild: {operations} operations, {total} records ({} events) in {:.1} s of decode+apply+commit = {:.0} records/s ({:.1} s wall with generation); {outputs_n} outputs",
+        "rebuild: {operations} operations, {total} records ({} events) over {partitions} partitions on {} lanes in {:.1} s of decode+apply+commit = {:.0} records/s ({:.1} s wall with generation); {outputs_n} outputs ({})",
         truth.events,
+        applier.lanes,
         busy.as_secs_f64(),
         total as f64 / busy.as_secs_f64(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        if discard_outputs { "counted, as a replay without --output-prefix" } else { "encoded and stored" }
     );
+    println!("phases: apply {:.2} s, store write and flush {:.2} s", phases[0].as_secs_f64(), phases[1].as_secs_f64());
     println!(
         "memory: peak RSS {} MB, RSS at end {} MB (block cache {} MiB, memtables {} MiB); store on disk {} MB",
         status_kb("VmHWM:") / 1024,

@@ -104,13 +104,34 @@ pub struct Consumer {
     pub batch_wait_ms: u64,
     /// Records larger than this (key + value + headers) go to the DLQ.
     pub max_record_bytes: usize,
+    /// Threads that apply a batch, each taking whole partitions (their
+    /// state is disjoint, so the result does not depend on it); 0: one per
+    /// core. 1 applies every batch on the run loop's thread.
+    pub apply_threads: usize,
+}
+
+impl Consumer {
+    /// The number of apply threads to use: `apply_threads`, or one per
+    /// core when it is 0.
+    pub fn apply_lanes(&self) -> usize {
+        match self.apply_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
 }
 
 impl Default for Consumer {
     fn default() -> Self {
         // 900 kB: under Kafka's default 1 MB message limit with room for the
         // dead-letter headers.
-        Consumer { group_id: "reconciler".into(), batch_size: 5000, batch_wait_ms: 50, max_record_bytes: 900_000 }
+        Consumer {
+            group_id: "reconciler".into(),
+            batch_size: 5000,
+            batch_wait_ms: 50,
+            max_record_bytes: 900_000,
+            apply_threads: 0,
+        }
     }
 }
 

@@ -47,6 +47,8 @@ pub mod metrics;
 #[cfg(feature = "io")]
 pub mod operator;
 #[cfg(feature = "io")]
+pub(crate) mod parallel;
+#[cfg(feature = "io")]
 pub mod pipeline;
 #[cfg(feature = "io")]
 pub mod report;

@@ -80,7 +80,7 @@ impl WriterSchema {
 /// All known schemas, by fingerprint.
 #[derive(Debug, Clone)]
 pub struct SchemaSet {
-    by_fingerprint: HashMap<u64, Arc<WriterSchema>>,
+    by_fingerprint: rustc_hash::FxHashMap<u64, Arc<WriterSchema>>,
     current: HashMap<SchemaKind, Arc<WriterSchema>>,
 }
 
@@ -117,7 +117,7 @@ impl SchemaSet {
         LIMIT.call_once(|| {
             apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
         });
-        let mut set = SchemaSet { by_fingerprint: HashMap::new(), current: HashMap::new() };
+        let mut set = SchemaSet { by_fingerprint: Default::default(), current: HashMap::new() };
         for (file, text, kind, current) in SCHEMA_FILES {
             let schema = Schema::parse_str(text).unwrap_or_else(|e| panic!("schemas/{file} does not parse: {e}"));
             let w = Arc::new(WriterSchema { file, kind, fingerprint: fingerprint(&schema), schema, current });

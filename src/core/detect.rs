@@ -34,6 +34,10 @@ pub enum Disposition {
 }
 
 impl Disposition {
+    /// Every disposition, in declaration order (`d as usize` indexes it).
+    pub const ALL: [Disposition; 5] =
+        [Disposition::Applied, Disposition::Duplicate, Disposition::Held, Disposition::Anomalous, Disposition::Ignored];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Disposition::Applied => "applied",

@@ -87,6 +87,8 @@ pub struct Metrics {
     registry: Registry,
     types: TypeLabels,
     events: IntCounterVec,
+    /// `events` of each [`Disposition`], resolved once: counted per record.
+    events_by_disposition: [IntCounter; 5],
     dead_letters: IntCounterVec,
     verdicts: IntCounterVec,
     anomalies: IntCounterVec,
@@ -164,14 +166,16 @@ impl Metrics {
     /// up to `max_dynamic_types` others.
     pub fn new<'a>(configured: impl IntoIterator<Item = &'a String>, max_dynamic_types: usize) -> Metrics {
         let r = Registry::new();
-        let m = Metrics {
-            types: TypeLabels::new(configured, max_dynamic_types),
-            events: counter(
+        let events = counter(
                 &r,
                 "reconciler_events_total",
                 "Input records by how they were accounted for: applied, duplicate, held, anomalous, ignored (a timer of a removed operation) or dead_lettered.",
                 &["result"],
-            ),
+        );
+        let m = Metrics {
+            types: TypeLabels::new(configured, max_dynamic_types),
+            events_by_disposition: Disposition::ALL.map(|d| events.with_label_values(&[d.as_str()])),
+            events,
             dead_letters: counter(
                 &r,
                 "reconciler_dead_letters_total",
@@ -322,7 +326,7 @@ impl Metrics {
     /// One decoded event and how the core accounted for it. `failed` is
     /// [`failure_class`] of its body; `op` the operation after it.
     pub fn event(&self, d: Disposition, failed: Option<ErrorClass>, op: Option<&OperationState>) {
-        self.events.with_label_values(&[d.as_str()]).inc();
+        self.events_by_disposition[d as usize].inc();
         if let (Disposition::Applied, Some(class), Some(op)) = (d, failed, op) {
             let next = if op.status == Status::ManualReview { "review" } else { "retry" };
             self.attempt_failures.with_label_values(&[class.as_str(), next]).inc();

@@ -148,11 +148,7 @@ pub fn replay(
     if let Some(prefix) = &opts.output_prefix {
         rcfg.topics = Topics { events: cfg.topics.events.clone(), ..Topics::named(prefix, cfg.topics.partitions) };
     }
-    // Timers never come due: deadlines come from the log only.
-    let mut pipeline = Pipeline::new(rcfg.clone(), Arc::new(|| i64::MIN))?;
-    if opts.output_prefix.is_none() {
-        pipeline.discard_outputs();
-    }
+    let mut pipeline = Pipeline::for_replay(rcfg.clone(), opts.output_prefix.is_none())?;
     let store = pipeline.store();
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
@@ -199,6 +195,8 @@ pub fn replay(
         return Err(OperatorError::Invalid(format!("the replay stopped at {} of {} records", p.done(), p.total())));
     }
     on_progress(&p);
+    // The rebuilt store has no write-ahead log: make it durable now.
+    store.flush()?;
     let digest = state_digest(&store)?;
     drop(store);
     let duration = started.elapsed();

@@ -74,7 +74,7 @@ impl Harness {
         batch.put_op(0, "op-1".into(), slot, total);
         batch.put_entity(0, "cust-1".into(), entity);
         batch.set_offset(0, self.offset);
-        self.store.commit(&batch).unwrap();
+        self.store.commit(batch).unwrap();
         ds
     }
 }

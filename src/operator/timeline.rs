@@ -6,31 +6,81 @@
 //! Cost per batch: one small put per record. How many entries an
 //! operation has received is kept beside its state (no read of its own).
 
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
 use crate::core::event::{Body, Event, SourcePos};
-use crate::core::output::ManualDecisionRecord;
-use crate::core::{Disposition, Output, Policy};
-use crate::store::timeline::{AnomalyNote, VerdictNote};
-use crate::store::{Batch, TimelineEntry};
+use crate::core::output::{Action, ManualDecisionRecord, Outcome, Status};
+use crate::core::{AnomalyKind, Disposition, Output, Policy};
+use crate::store::Batch;
 
 /// What the timeline keeps of an event, taken before `core::apply`
-/// consumes it.
+/// consumes it: already serialized, in one buffer (one allocation per
+/// record rather than a string per field).
 #[derive(Debug, Clone)]
 pub struct Arrival {
-    operation_id: String,
-    pos: SourcePos,
-    event_id: String,
-    seq: Option<i64>,
-    body: &'static str,
-    occurred_at: i64,
-    producer: String,
-    summary: String,
+    partition: i32,
+    /// The operation id, then the entry's fields from `partition` to
+    /// `producer` as [`crate::store::TimelineEntry`] serializes them, then
+    /// the summary.
+    buf: Vec<u8>,
+    id_end: usize,
+    fields_end: usize,
     manual: Option<ManualDecisionRecord>,
+}
+
+/// The fields of an entry known on arrival, in the entry's order (postcard
+/// writes a struct as its fields back to back, so these bytes are the
+/// entry's own).
+#[derive(Serialize)]
+struct ArrivalFields<'a> {
+    partition: i32,
+    offset: i64,
+    event_id: &'a str,
+    seq: Option<i64>,
+    body: &'a str,
+    occurred_at: i64,
+    producer: &'a str,
+}
+
+/// The fields decided by the core, in the entry's order.
+#[derive(Serialize)]
+struct Decided<'a> {
+    disposition: Disposition,
+    summary: &'a str,
+    anomalies: Vec<AnomalyRef<'a>>,
+    verdicts: Vec<VerdictRef<'a>>,
+    manual: &'a Option<ManualDecisionRecord>,
+}
+
+/// [`crate::store::timeline::AnomalyNote`], borrowed.
+#[derive(Serialize)]
+struct AnomalyRef<'a> {
+    kind: AnomalyKind,
+    event_id: &'a str,
+    detail: &'a str,
+}
+
+/// [`crate::store::timeline::VerdictNote`], borrowed.
+#[derive(Serialize)]
+struct VerdictRef<'a> {
+    verdict_id: &'a str,
+    outcome: Outcome,
+    action: Action,
+    state: Status,
+    reason: &'a str,
+    trigger_event_id: &'a str,
+}
+
+fn serialize_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) {
+    *buf = postcard::to_extend(value, std::mem::take(buf)).expect("timeline fields serialize");
 }
 
 impl Arrival {
     /// The operation the event belongs to.
     pub fn operation_id(&self) -> &str {
-        &self.operation_id
+        std::str::from_utf8(&self.buf[..self.id_end]).expect("copied from a str")
     }
 
     /// Takes what the timeline needs of `ev` (the decision note redacted as
@@ -45,51 +95,86 @@ impl Arrival {
             }),
             _ => None,
         };
-        Arrival {
-            operation_id: ev.operation_id.clone(),
-            pos,
-            event_id: ev.event_id.clone(),
+        let mut buf = Vec::with_capacity(ev.operation_id.len() + ev.event_id.len() + ev.producer.len() + 128);
+        buf.extend_from_slice(ev.operation_id.as_bytes());
+        let id_end = buf.len();
+        let fields = ArrivalFields {
+            partition: pos.partition,
+            offset: pos.offset,
+            event_id: &ev.event_id,
             seq: ev.seq,
             body: ev.body.name(),
             occurred_at: ev.occurred_at,
-            producer: ev.producer.clone(),
-            summary: summary(&ev.body),
-            manual,
-        }
+            producer: &ev.producer,
+        };
+        serialize_into(&mut buf, &fields);
+        let fields_end = buf.len();
+        write_summary(&mut buf, &ev.body);
+        Arrival { partition: pos.partition, buf, id_end, fields_end, manual }
     }
 }
 
 /// The structured fields of a body in one line. Free text that may carry
 /// personal data (`detail`, `evidence_ref`) is left out.
 pub fn summary(body: &Body) -> String {
-    let opt = |v: Option<i64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
-    match body {
-        Body::Requested(r) => format!(
+    let mut out = Vec::new();
+    write_summary(&mut out, body);
+    String::from_utf8(out).expect("formatted text")
+}
+
+/// Appends formatted text to a byte buffer through `fmt::Write` (the
+/// `io::Write` route to a `Vec<u8>` cost twice as much per record).
+struct Text<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Text<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// [`summary`], appended to `out`.
+fn write_summary(out: &mut Vec<u8>, body: &Body) {
+    let out = &mut Text(out);
+    struct Opt<T>(Option<T>);
+    impl<T: std::fmt::Display> std::fmt::Display for Opt<T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match &self.0 {
+                Some(v) => v.fmt(f),
+                None => f.write_str("-"),
+            }
+        }
+    }
+    let written = match body {
+        Body::Requested(r) => write!(
+            out,
             "expects version {} fingerprint {}; {}idempotent; key {}; to {}",
-            opt(r.expected_version),
-            r.expected_fingerprint.as_deref().unwrap_or("-"),
+            Opt(r.expected_version),
+            Opt(r.expected_fingerprint.as_deref()),
             if r.idempotent { "" } else { "not " },
-            r.idempotency_key.as_deref().unwrap_or("-"),
+            Opt(r.idempotency_key.as_deref()),
             r.destination
         ),
-        Body::Started { attempt, worker } => format!("attempt {attempt} by {worker}"),
+        Body::Started { attempt, worker } => write!(out, "attempt {attempt} by {worker}"),
         Body::AttemptFailed { attempt, error_class, error_code, .. } => {
-            format!("attempt {attempt} failed {error_class:?} ({error_code})")
+            write!(out, "attempt {attempt} failed {error_class:?} ({error_code})")
         }
-        Body::OutcomeUnknown { attempt, .. } => format!("attempt {attempt}: outcome unknown"),
-        Body::EffectObserved(o) => format!(
+        Body::OutcomeUnknown { attempt, .. } => write!(out, "attempt {attempt}: outcome unknown"),
+        Body::EffectObserved(o) => write!(
+            out,
             "{:?} saw remote id {} version {} fingerprint {}",
             o.source,
-            o.remote_id.as_deref().unwrap_or("-"),
-            opt(o.observed_version),
-            o.observed_fingerprint.as_deref().unwrap_or("-")
+            Opt(o.remote_id.as_deref()),
+            Opt(o.observed_version),
+            Opt(o.observed_fingerprint.as_deref())
         ),
-        Body::EffectAbsent { source, .. } => format!("{source:?} found no effect"),
-        Body::Compensated { actor, reason } => format!("compensated by {actor}: {reason}"),
-        Body::Cancelled { reason } => format!("cancelled: {reason}"),
-        Body::ManualDecision { actor, decision, .. } => format!("{} by {actor}", decision.as_str()),
-        Body::DeadlineReached { deadline } => format!("deadline {deadline} reached"),
-    }
+        Body::EffectAbsent { source, .. } => write!(out, "{source:?} found no effect"),
+        Body::Compensated { actor, reason } => write!(out, "compensated by {actor}: {reason}"),
+        Body::Cancelled { reason } => write!(out, "cancelled: {reason}"),
+        Body::ManualDecision { actor, decision, .. } => write!(out, "{} by {actor}", decision.as_str()),
+        Body::DeadlineReached { deadline } => write!(out, "deadline {deadline} reached"),
+    };
+    written.expect("writing to a vector");
 }
 
 /// Records in `batch` what became of arrival `a`: its disposition and the
@@ -108,40 +193,29 @@ pub fn record(
     if !exists {
         return;
     }
-    let p = a.pos.partition;
     let mut anomalies = Vec::new();
     let mut verdicts = Vec::new();
     for o in outputs {
         match o {
-            Output::Anomaly(x) => {
-                anomalies.push(AnomalyNote { kind: x.kind, event_id: x.event_id.clone(), detail: x.detail.clone() })
-            }
-            Output::Verdict(v) => verdicts.push(VerdictNote {
-                verdict_id: v.verdict_id.clone(),
+            Output::Anomaly(x) => anomalies.push(AnomalyRef { kind: x.kind, event_id: &x.event_id, detail: &x.detail }),
+            Output::Verdict(v) => verdicts.push(VerdictRef {
+                verdict_id: &v.verdict_id,
                 outcome: v.outcome,
                 action: v.action,
                 state: v.state,
-                reason: v.reason.clone(),
-                trigger_event_id: v.trigger_event_id.clone(),
+                reason: &v.reason,
+                trigger_event_id: &v.trigger_event_id,
             }),
             Output::Command(_) => {}
         }
     }
-    let entry = TimelineEntry {
-        ordinal: *total,
-        partition: p,
-        offset: a.pos.offset,
-        event_id: a.event_id,
-        seq: a.seq,
-        body: a.body.to_owned(),
-        occurred_at: a.occurred_at,
-        producer: a.producer,
-        disposition,
-        summary: a.summary,
-        anomalies,
-        verdicts,
-        manual: a.manual,
-    };
+    let summary = std::str::from_utf8(&a.buf[a.fields_end..]).expect("formatted text");
+    let decided = Decided { disposition, summary, anomalies, verdicts, manual: &a.manual };
+    // The entry: its ordinal, then the fields taken on arrival, then these.
+    let mut value = Vec::with_capacity(a.buf.len() + 64);
+    serialize_into(&mut value, total);
+    value.extend_from_slice(&a.buf[a.id_end..a.fields_end]);
+    serialize_into(&mut value, &decided);
+    batch.add_timeline_value(a.partition, a.operation_id(), *total, value);
     *total += 1;
-    batch.add_timeline(p, a.operation_id, entry);
 }

@@ -2,24 +2,33 @@
 //! core against the stored state, note the timeline and the metrics, and
 //! gather everything the batch changed into one store [`Batch`].
 //!
+//! A batch's partitions are split into lanes applied at once (on rayon's
+//! pool, see [`crate::parallel`]): every key of the state is scoped by partition, so lanes share
+//! nothing but the store (read only until the batch is written) and the
+//! metrics (atomic counters), and the result is the one a single thread
+//! gives, up to the order of outputs of different partitions (which Kafka
+//! does not order either).
+//!
 //! No Kafka in here. The run loop ([`super::Pipeline`]) feeds it what the
 //! consumer returned and then writes, publishes and acknowledges; the
 //! rebuild bench (`benches/rebuild.rs`) feeds it records from memory, so it
 //! measures exactly the work the pipeline does per record.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use tracing::{debug, info};
 
 use super::{dead_letter, decode_record, output_record, PipelineError, Stats};
 use crate::codec::Codec;
-use crate::config::Topics;
+use crate::config::{Config, Topics};
 use crate::core::{self, Disposition, EntityState, OperationState, Output, Policy, SourcePos};
 use crate::kafka::Record;
 use crate::metrics::{self, Metrics};
 use crate::operator::timeline::{self, Arrival};
-use crate::store::{Batch, Store};
+use crate::store::{Batch, Encoded, Store};
 
 /// What a batch needs besides its records; borrowed from the pipeline.
 pub struct Applier<'a> {
@@ -29,13 +38,22 @@ pub struct Applier<'a> {
     pub topics: &'a Topics,
     pub max_record_bytes: usize,
     pub metrics: &'a Metrics,
+    /// Most threads applying one batch (see [`crate::config::Consumer::apply_lanes`]).
+    pub lanes: usize,
+    /// Outputs are counted (stats, metrics, timeline) but neither encoded
+    /// nor stored: a replay that publishes nothing.
+    pub discard_outputs: bool,
 }
+
+/// Fewest records a lane takes: below that handing work to another thread
+/// costs more than it saves (a hand-over is microseconds, so is a record).
+const MIN_LANE_RECORDS: usize = 256;
 
 /// A batch applied in memory, ready to be written.
 #[derive(Debug, Default)]
 pub struct Applied {
-    /// State, timers, offsets, timeline and the outputs to publish.
-    pub batch: Batch,
+    /// State, timers, offsets, timeline (encoded) and the outputs to publish.
+    pub batch: Encoded,
     /// Each partition the batch advanced, with its next offset.
     pub touched: BTreeMap<i32, i64>,
     /// `DeadlineReached` events consumed back: (operation, due time).
@@ -51,12 +69,56 @@ struct OpSlot {
     timeline_total: u64,
 }
 
-impl Applier<'_> {
-    /// Applies `records` in order. `next` holds the next offset to apply of
-    /// each owned partition (records of other partitions, and records below
-    /// it, are skipped: never applied twice) and is advanced. Records below
-    /// `restore_until` of their partition are applied silently: a previous
-    /// owner already published their outputs.
+impl Applied {
+    /// Adds a lane's result (of other partitions) to this one.
+    fn absorb(&mut self, other: Applied) {
+        self.batch.absorb(other.batch);
+        self.touched.extend(other.touched);
+        self.deadlines.extend(other.deadlines);
+    }
+}
+
+/// Splits the partitions of `records` (owned ones, in `next`) into at most
+/// `lanes` groups of about equal record counts: the largest partition goes
+/// to the lightest lane first. Returns each record's lane by partition.
+fn plan_lanes(records: &[Record], next: &BTreeMap<i32, i64>, lanes: usize) -> (usize, FxHashMap<i32, usize>) {
+    let mut counts: FxHashMap<i32, usize> = FxHashMap::default();
+    for r in records.iter().filter(|r| next.contains_key(&r.partition)) {
+        *counts.entry(r.partition).or_default() += 1;
+    }
+    let total: usize = counts.values().sum();
+    let lanes = lanes.min(counts.len()).min(total / MIN_LANE_RECORDS).max(1);
+    let mut by_size: Vec<(i32, usize)> = counts.into_iter().collect();
+    by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut load = vec![0usize; lanes];
+    let mut lane_of = FxHashMap::default();
+    for (p, n) in by_size {
+        let lightest = (0..lanes).min_by_key(|&l| (load[l], l)).expect("at least one lane");
+        load[lightest] += n;
+        lane_of.insert(p, lightest);
+    }
+    (lanes, lane_of)
+}
+
+impl<'a> Applier<'a> {
+    /// The applier `cfg` describes (topics, record size limit, lanes),
+    /// storing its outputs for publishing.
+    pub fn new(cfg: &'a Config, store: &'a Store, policy: &'a Policy, codec: &'a Codec, metrics: &'a Metrics) -> Self {
+        Applier {
+            store,
+            policy,
+            codec,
+            topics: &cfg.topics,
+            max_record_bytes: cfg.consumer.max_record_bytes,
+            metrics,
+            lanes: cfg.consumer.apply_lanes(),
+            discard_outputs: false,
+        }
+    }
+
+    /// Applies `records` in order (per partition), on up to `self.lanes`
+    /// threads; see [`Applier::apply_lane`] for what `next` and
+    /// `restore_until` mean.
     pub fn apply(
         &self,
         records: &[Record],
@@ -64,8 +126,54 @@ impl Applier<'_> {
         restore_until: &BTreeMap<i32, i64>,
         stats: &mut Stats,
     ) -> Result<Applied, PipelineError> {
-        let mut ops: HashMap<(i32, String), OpSlot> = HashMap::new();
-        let mut entities: HashMap<(i32, String), EntityState> = HashMap::new();
+        let (lanes, lane_of) = plan_lanes(records, next, self.lanes);
+        if lanes == 1 {
+            return self.apply_lane(records.iter(), next, restore_until, stats);
+        }
+        let mut work: Vec<(Vec<&Record>, BTreeMap<i32, i64>)> = vec![(Vec::new(), BTreeMap::new()); lanes];
+        for r in records {
+            if let Some(&l) = lane_of.get(&r.partition) {
+                work[l].0.push(r);
+            }
+        }
+        for (p, &l) in &lane_of {
+            work[l].1.insert(*p, next[p]);
+        }
+        let jobs: Vec<_> = work
+            .into_iter()
+            .map(|(records, mut next)| {
+                move || {
+                    let mut stats = Stats::default();
+                    let applied = self.apply_lane(records.into_iter(), &mut next, restore_until, &mut stats);
+                    (applied, next, stats)
+                }
+            })
+            .collect();
+        let results = crate::parallel::run_all(jobs);
+        let mut merged = Applied::default();
+        for (applied, lane_next, lane_stats) in results {
+            next.extend(lane_next);
+            stats.absorb(lane_stats);
+            merged.absorb(applied?);
+        }
+        Ok(merged)
+    }
+
+    /// Applies `records` in order. `next` holds the next offset to apply of
+    /// each owned partition (records of other partitions, and records below
+    /// it, are skipped: never applied twice) and is advanced. Records below
+    /// `restore_until` of their partition are applied silently: a previous
+    /// owner already published their outputs.
+    fn apply_lane<'r>(
+        &self,
+        records: impl Iterator<Item = &'r Record>,
+        next: &mut BTreeMap<i32, i64>,
+        restore_until: &BTreeMap<i32, i64>,
+        stats: &mut Stats,
+    ) -> Result<Applied, PipelineError> {
+        let mut ops: FxHashMap<(i32, String), OpSlot> = FxHashMap::default();
+        let mut entities: FxHashMap<(i32, String), EntityState> = FxHashMap::default();
+        let mut batch = Batch::default();
         let mut applied = Applied::default();
         let mut outputs = Vec::new();
         for r in records {
@@ -89,7 +197,9 @@ impl Applier<'_> {
                     *stats.dead_letters.entry(e.class()).or_default() += 1;
                     if !silent {
                         self.metrics.dead_letter(e.class());
-                        applied.batch.publish(dead_letter(&self.topics.dlq, r, &e));
+                        if !self.discard_outputs {
+                            batch.publish(dead_letter(&self.topics.dlq, r, &e));
+                        }
                     }
                     continue;
                 }
@@ -115,7 +225,7 @@ impl Applier<'_> {
             let failed = metrics::failure_class(&ev.body);
             let d = core::apply(self.policy, slot, entity, ev, pos, &mut outputs);
             self.metrics.event(d, failed, slot.as_ref());
-            timeline::record(&mut applied.batch, &mut op.timeline_total, arrival, d, &outputs, slot.is_some());
+            timeline::record(&mut batch, &mut op.timeline_total, arrival, d, &outputs, slot.is_some());
             *stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if let (Disposition::Held, Some(op)) = (d, slot.as_ref()) {
                 debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, partition = p, offset = r.offset, "Event held for reordering");
@@ -136,10 +246,11 @@ impl Applier<'_> {
                     }
                     Output::Command(_) => stats.commands += 1,
                 }
-                applied.batch.publish(output_record(self.codec, self.topics, &o)?);
+                if !self.discard_outputs {
+                    batch.publish(output_record(self.codec, self.topics, &o)?);
+                }
             }
         }
-        let batch = &mut applied.batch;
         for ((p, op_id), op) in ops {
             batch.move_timer(p, &op_id, op.timer_before, op.state.as_ref());
             batch.put_op(p, op_id, op.state, op.timeline_total);
@@ -150,6 +261,102 @@ impl Applier<'_> {
         for (p, n) in &applied.touched {
             batch.set_offset(*p, *n);
         }
+        // Encoded here, on the lane's thread, which also frees the states.
+        applied.batch = batch.encode();
         Ok(applied)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::loadgen::{Generator, LoadRecord, Options};
+    use crate::store::tests::temp;
+    use crate::store::OutboxRecord;
+
+    /// Outputs by key, in order; the stored state (family, key, value); the counts.
+    type Run = (BTreeMap<Vec<u8>, Vec<OutboxRecord>>, Vec<(String, Vec<u8>, Vec<u8>)>, String);
+
+    /// A fault-injected loadgen stream over six partitions by key, in
+    /// batches of 2,000 records, applied on `lanes` lanes into a new
+    /// store: the outputs of each key in order, the state as stored, and
+    /// the counts.
+    fn run(lanes: usize) -> Run {
+        let dir = temp(&format!("apply-lanes-{lanes}"));
+        let store = Store::open(&dir.0, "t.events", false).unwrap();
+        let cfg = Config::default();
+        let (policy, codec) = (cfg.policy(), Codec::new());
+        let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
+        let applier = Applier { lanes, ..Applier::new(&cfg, &store, &policy, &codec, &metrics) };
+        let records: Vec<Record> = Generator::new(Options::preload(3_000, 11, 1_700_000_000_000))
+            .map(|p| match p.record {
+                LoadRecord::Event(e) => (e.entity_id.clone().into_bytes(), Some(codec.encode_event(&e).unwrap())),
+                LoadRecord::Raw { key, value, .. } => (key, value),
+            })
+            .scan(BTreeMap::<i32, i64>::new(), |offsets, (key, value)| {
+                let partition = (xxhash_rust::xxh3::xxh3_64(&key) % 6) as i32;
+                let offset = offsets.entry(partition).or_default();
+                *offset += 1;
+                Some(Record {
+                    topic: cfg.topics.events.clone(),
+                    partition,
+                    offset: *offset - 1,
+                    timestamp: None,
+                    key: Some(key),
+                    value,
+                    headers: Vec::new(),
+                })
+            })
+            .collect();
+        let (mut next, mut stats) = ((0..6).map(|p| (p, 0)).collect(), Stats::default());
+        let mut by_key: BTreeMap<Vec<u8>, Vec<OutboxRecord>> = BTreeMap::new();
+        for chunk in records.chunks(2_000) {
+            let applied = applier.apply(chunk, &mut next, &BTreeMap::new(), &mut stats).unwrap();
+            store.write_encoded(&applied.batch).unwrap();
+            for o in applied.batch.into_outbox() {
+                by_key.entry(o.key.clone().unwrap_or_default()).or_default().push(o);
+            }
+        }
+        let mut state = Vec::new();
+        store.scan_state(|family, k, v| state.push((family.to_owned(), k.to_vec(), v.to_vec()))).unwrap();
+        let counts = format!(
+            "{} {:?} {:?} {} {}",
+            stats.records, stats.by_disposition, stats.dead_letters, stats.verdicts, stats.anomalies
+        );
+        assert_eq!(next.values().sum::<i64>(), records.len() as i64, "every record applied once");
+        (by_key, state, counts)
+    }
+
+    #[test]
+    fn lanes_give_the_state_and_the_outputs_of_one_thread() {
+        let (outputs, state, counts) = run(1);
+        let (outputs2, state2, counts2) = run(2);
+        assert!(outputs.values().map(Vec::len).sum::<usize>() > 1_000, "the workload produces outputs");
+        assert_eq!(counts, counts2);
+        assert!(state == state2, "the stored state differs");
+        assert!(outputs == outputs2, "the outputs of some key differ in content or order");
+        // Six partitions over two lanes, and more than one lane really ran.
+        let (lanes, lane_of) = plan_lanes(
+            &[0, 1, 2, 3, 4, 5]
+                .iter()
+                .flat_map(|&p| {
+                    (0..MIN_LANE_RECORDS as i64).map(move |o| Record {
+                        topic: String::new(),
+                        partition: p,
+                        offset: o,
+                        timestamp: None,
+                        key: None,
+                        value: None,
+                        headers: Vec::new(),
+                    })
+                })
+                .collect::<Vec<_>>(),
+            &(0..6).map(|p| (p, 0)).collect(),
+            2,
+        );
+        assert_eq!(lanes, 2);
+        assert_eq!(lane_of.values().filter(|&&l| l == 0).count(), 3, "three partitions a lane");
     }
 }

@@ -1,5 +1,6 @@
-//! The run loop: consume a batch → decode → core → one atomic store write
-//! (state, timers, offsets, outbox) → send the outbox → consume and apply
+//! The run loop: consume a batch → decode → core (in lanes of whole
+//! partitions, on `[consumer] apply_threads` threads) → one atomic store
+//! write per lane (state, timers, offsets, outbox) → send the outbox → consume and apply
 //! the next batch while the broker acknowledges → forget the acknowledged
 //! outbox. At most one batch is in flight, and its outputs are acknowledged
 //! before the next batch's are sent, so outputs keep the input order. Plus the timer wheel that turns due deadlines into
@@ -61,6 +62,38 @@ pub struct Stats {
     pub fenced: u64,
 }
 
+impl Stats {
+    /// Adds the counts of `other` to these.
+    pub fn absorb(&mut self, other: Stats) {
+        let Stats {
+            records,
+            by_disposition,
+            dead_letters,
+            verdicts,
+            anomalies,
+            commands,
+            timers_fired,
+            batches,
+            restored,
+            fenced,
+        } = other;
+        self.records += records;
+        for (k, n) in by_disposition {
+            *self.by_disposition.entry(k).or_default() += n;
+        }
+        for (k, n) in dead_letters {
+            *self.dead_letters.entry(k).or_default() += n;
+        }
+        self.verdicts += verdicts;
+        self.anomalies += anomalies;
+        self.commands += commands;
+        self.timers_fired += timers_fired;
+        self.batches += batches;
+        self.restored += restored;
+        self.fenced += fenced;
+    }
+}
+
 /// Everything `run` needs, built from the config.
 pub struct Pipeline {
     cfg: Config,
@@ -79,7 +112,8 @@ pub struct Pipeline {
     /// previous run) already wrote. Past it the partition stays caught up
     /// whatever new traffic arrives.
     catch_up: BTreeMap<i32, Option<i64>>,
-    /// Outputs are stored but never published (`replay` without scratch topics).
+    /// Outputs are counted but neither stored nor published (`replay`
+    /// without scratch topics).
     discard_outputs: bool,
     pub stats: Stats,
     metrics: Arc<Metrics>,
@@ -197,11 +231,28 @@ pub fn output_record(codec: &Codec, t: &Topics, o: &Output) -> Result<OutboxReco
 impl Pipeline {
     /// Opens the store, creates missing topics, joins the group.
     pub fn new(cfg: Config, clock: Clock) -> Result<Pipeline, PipelineError> {
+        Pipeline::open(cfg, clock, None)
+    }
+
+    /// A pipeline that rebuilds the state in `cfg.state_dir` from the input
+    /// topic (`reconciler replay`): its timers never come due (deadlines
+    /// come from the log only), its store skips the write-ahead log (see
+    /// [`Store::open_for_rebuild`]), and with `discard_outputs` its outputs
+    /// are counted but neither stored nor published.
+    pub fn for_replay(cfg: Config, discard_outputs: bool) -> Result<Pipeline, PipelineError> {
+        Pipeline::open(cfg, Arc::new(|| i64::MIN), Some(discard_outputs))
+    }
+
+    /// `replay`: `None` for a live pipeline, else whether outputs are discarded.
+    fn open(cfg: Config, clock: Clock, replay: Option<bool>) -> Result<Pipeline, PipelineError> {
         let t = &cfg.topics;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
-        let store = Arc::new(Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?);
+        let store = Arc::new(match replay {
+            None => Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?,
+            Some(_) => Store::open_for_rebuild(&cfg.state_dir, &t.events, &cfg.store)?,
+        });
         let publisher = Arc::new(Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?);
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
         let fence = crate::restore::Fence::new(&cfg.kafka);
@@ -218,7 +269,7 @@ impl Pipeline {
             clock,
             fired: HashSet::new(),
             catch_up: BTreeMap::new(),
-            discard_outputs: false,
+            discard_outputs: replay == Some(true),
             stats: Stats::default(),
             in_flight: Arc::new(Mutex::new(None)),
         })
@@ -232,12 +283,6 @@ impl Pipeline {
     /// The state store (read by the operator API while the loop runs).
     pub fn store(&self) -> Arc<Store> {
         self.store.clone()
-    }
-
-    /// Never publish outputs (verdicts, anomalies, commands, dead letters):
-    /// a replay that only rebuilds state must not write to live topics.
-    pub fn discard_outputs(&mut self) {
-        self.discard_outputs = true;
     }
 
     /// Runs until `shutdown` is set; the batch in hand is finished first.
@@ -321,12 +366,8 @@ impl Pipeline {
         };
         let stored = next.clone();
         let applier = Applier {
-            store: &self.store,
-            policy: &self.policy,
-            codec: &self.codec,
-            topics: &self.cfg.topics,
-            max_record_bytes: self.cfg.consumer.max_record_bytes,
-            metrics: &self.metrics,
+            discard_outputs: self.discard_outputs,
+            ..Applier::new(&self.cfg, &self.store, &self.policy, &self.codec, &self.metrics)
         };
         let Applied { batch, touched, deadlines } =
             applier.apply(&records, &mut next, &restore_until, &mut self.stats)?;
@@ -345,7 +386,7 @@ impl Pipeline {
             return Ok(());
         }
         let applied = started.elapsed();
-        let seqs = self.store.commit(&batch)?;
+        let seqs = self.store.write_encoded(&batch)?;
         crate::faults::point("pipeline::after_store");
         let stored = started.elapsed();
         {

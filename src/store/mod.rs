@@ -1,17 +1,20 @@
 //! Durable state: operations, entities, the timer index, consumed offsets
 //! and the outbox, in RocksDB column families.
 //!
-//! One [`Batch`] holds everything a consumed batch of records changed:
-//! state, timers, the next offset of each partition and the outputs still to
-//! publish. It is written atomically, so a crash at any point either loses
-//! the whole batch (it is consumed again and gives the same result) or keeps
-//! all of it (its outputs are re-published from the outbox).
+//! One [`Batch`] holds everything a consumed batch of records changed in
+//! some partitions (a lane of the batch): state, timers, the next offset of
+//! each partition and the outputs still to publish. It is encoded
+//! ([`Encoded`]) and written atomically, so a crash at any point either
+//! loses the whole lane (it is consumed again and gives the same result) or
+//! keeps all of it (its outputs are re-published from the outbox).
 
+mod encoded;
 mod keys;
 mod rocks;
 pub mod timeline;
 
-pub use rocks::{OpSummary, Store, StoreError};
+pub use encoded::{Encoded, OpSummary};
+pub use rocks::{Store, StoreError};
 pub use timeline::{Timeline, TimelineEntry};
 
 use serde::{Deserialize, Serialize};
@@ -67,9 +70,9 @@ pub struct Batch {
     pub(crate) timers_added: Vec<(i32, TimerEntry)>,
     pub(crate) offsets: Vec<(i32, i64)>,
     pub(crate) outbox: Vec<OutboxRecord>,
-    /// Timeline entries (written before `ops`: an operation deleted in the
-    /// same batch takes them with it).
-    pub(crate) timeline: Vec<(i32, String, TimelineEntry)>,
+    /// Timeline entries, keyed and serialized (written before `ops`: an
+    /// operation deleted in the same batch takes them with it).
+    pub(crate) timeline: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Batch {
@@ -116,20 +119,18 @@ impl Batch {
         self.outbox.push(record);
     }
 
-    /// The outputs to publish, in order.
-    pub fn outbox(&self) -> &[OutboxRecord] {
-        &self.outbox
-    }
-
-    /// Takes the outputs out of a written batch (the rest is dropped).
-    pub fn into_outbox(self) -> Vec<OutboxRecord> {
-        self.outbox
-    }
-
     /// Records a timeline entry (its ring slot is `entry.ordinal`
     /// modulo [`timeline::TIMELINE_CAP`]).
-    pub fn add_timeline(&mut self, partition: i32, operation_id: String, entry: TimelineEntry) {
-        self.timeline.push((partition, operation_id, entry));
+    pub fn add_timeline(&mut self, partition: i32, operation_id: &str, entry: &TimelineEntry) {
+        let value = postcard::to_allocvec(entry).expect("timeline entries serialize");
+        self.add_timeline_value(partition, operation_id, entry.ordinal, value);
+    }
+
+    /// Records a timeline entry already serialized as a [`TimelineEntry`]
+    /// with ordinal `ordinal`.
+    pub fn add_timeline_value(&mut self, partition: i32, operation_id: &str, ordinal: u64, value: Vec<u8>) {
+        let key = keys::timeline_entry(partition, operation_id, (ordinal % timeline::TIMELINE_CAP) as u32);
+        self.timeline.push((key, value));
     }
 }
 

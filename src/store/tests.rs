@@ -40,9 +40,9 @@ fn the_outbox_keeps_each_batch_whole_and_in_order_until_acknowledged() {
     first.publish(record(2));
     let mut second = Batch::default();
     second.publish(record(3));
-    let a = store.commit(&first).unwrap();
-    let b = store.commit(&second).unwrap();
-    assert_eq!(store.commit(&Batch::default()).unwrap(), 0..0, "a batch without outputs takes no sequence number");
+    let a = store.commit(first).unwrap();
+    let b = store.commit(second).unwrap();
+    assert_eq!(store.commit(Batch::default()).unwrap(), 0..0, "a batch without outputs takes no sequence number");
     assert_eq!(store.outbox_len().unwrap(), 3, "counts records, not batches");
     let pending = store.pending_outbox().unwrap();
     let records: Vec<_> = pending.iter().map(|(_, r)| r.clone()).collect();
@@ -55,7 +55,7 @@ fn the_outbox_keeps_each_batch_whole_and_in_order_until_acknowledged() {
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let mut third = Batch::default();
     third.publish(record(4));
-    assert_eq!(store.commit(&third).unwrap().start, b.start + 1);
+    assert_eq!(store.commit(third).unwrap().start, b.start + 1);
 }
 
 #[test]
@@ -66,7 +66,7 @@ fn an_operation_is_read_back_with_its_timeline_total() {
     let state = OperationState::new(&ev);
     let mut batch = Batch::default();
     batch.put_op(0, "op-1".into(), Some(state.clone()), 7);
-    store.commit(&batch).unwrap();
+    store.commit(batch).unwrap();
     assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), 7));
     assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
     assert_eq!(store.timeline_total(0, "op-1").unwrap(), 7);
@@ -87,7 +87,7 @@ fn an_operation_is_read_back_with_its_timeline_total() {
     assert_eq!(seen, vec![summary]);
     let mut batch = Batch::default();
     batch.put_op(0, "op-1".into(), None, 7);
-    store.commit(&batch).unwrap();
+    store.commit(batch).unwrap();
     assert_eq!(store.timeline_total(0, "op-1").unwrap(), 0);
 }
 
@@ -97,7 +97,7 @@ fn a_store_of_an_older_format_is_refused_with_the_directory_named() {
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let mut batch = Batch::default();
     batch.set_offset(0, 10);
-    store.commit(&batch).unwrap();
+    store.commit(batch).unwrap();
     // What a store written before the format marker looks like.
     store.db.delete_cf(store.cf("meta"), b"format").unwrap();
     let scratch = temp("store-format-secondary");
@@ -117,7 +117,7 @@ fn a_new_or_current_store_opens() {
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let mut batch = Batch::default();
     batch.set_offset(0, 1);
-    store.commit(&batch).unwrap();
+    store.commit(batch).unwrap();
     drop(store);
     assert!(Store::open(&dir.0, "t.events", false).is_ok());
 }
@@ -145,12 +145,12 @@ fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
     };
     let mut batch = Batch::default();
     // Another operation's entries around it, so the batch really is sorted.
-    batch.add_timeline(0, "op-2".into(), entry(0));
-    batch.add_timeline(0, "op-1".into(), entry(3));
-    batch.add_timeline(0, "op-1".into(), entry(3 + timeline::TIMELINE_CAP));
-    batch.add_timeline(0, "op-0".into(), entry(0));
+    batch.add_timeline(0, "op-2", &entry(0));
+    batch.add_timeline(0, "op-1", &entry(3));
+    batch.add_timeline(0, "op-1", &entry(3 + timeline::TIMELINE_CAP));
+    batch.add_timeline(0, "op-0", &entry(0));
     batch.put_op(0, "op-1".into(), Some(OperationState::new(&ev)), 4 + timeline::TIMELINE_CAP);
-    store.commit(&batch).unwrap();
+    store.commit(batch).unwrap();
     let t = store.timeline(0, "op-1").unwrap();
     assert_eq!(t.entries.iter().map(|e| e.ordinal).collect::<Vec<_>>(), vec![3 + timeline::TIMELINE_CAP]);
 }

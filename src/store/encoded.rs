@@ -1,0 +1,218 @@
+//! A [`Batch`] encoded into the keys and values the store writes, before
+//! any RocksDB call.
+//!
+//! Encoding is most of a store write's CPU (serializing states and timeline
+//! entries, building keys, sorting them). Done apart from the write, it runs
+//! on the apply threads, one lane's batch each, and the lane frees its
+//! states itself. Each lane's part is then written as one RocksDB write
+//! batch, the parts in parallel (RocksDB inserts concurrent writes into the
+//! memtable in parallel).
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use super::keys;
+use super::{Batch, OutboxRecord};
+use crate::core::{OperationState, Status};
+
+/// The column families a batch writes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    Timeline,
+    Ops,
+    Entities,
+    Timers,
+    Offsets,
+}
+
+/// One write of an encoded batch; keys and values are ranges of the
+/// batch's byte buffer.
+#[derive(Debug, Clone)]
+pub(crate) enum Write {
+    Put {
+        family: Family,
+        key: Range<usize>,
+        value: Range<usize>,
+    },
+    Delete {
+        family: Family,
+        key: Range<usize>,
+    },
+    /// Deletes `[from, to)`.
+    DeleteRange {
+        family: Family,
+        from: Range<usize>,
+        to: Range<usize>,
+    },
+}
+
+/// An operation as stored: how many timeline entries it has received in
+/// all (read with the state, so recording the timeline needs no read of its
+/// own), the few fields the metrics scan reads (decoded without the rest),
+/// then the state.
+#[derive(Serialize)]
+pub(super) struct StoredOpRef<'a> {
+    pub timeline_total: u64,
+    pub summary: OpSummaryRef<'a>,
+    pub state: &'a OperationState,
+}
+
+/// [`OpSummary`] as written: borrowed from the state.
+#[derive(Serialize)]
+pub(super) struct OpSummaryRef<'a> {
+    operation_type: &'a str,
+    status: Status,
+    requested_at: Option<i64>,
+    review_since: i64,
+}
+
+/// [`StoredOpRef`] as read back.
+#[derive(Deserialize)]
+pub(super) struct StoredOp {
+    pub timeline_total: u64,
+    pub _summary: OpSummary,
+    pub state: OperationState,
+}
+
+/// What the state gauges need of an operation; stored in front of its
+/// state so that a scan decodes only this (no event ids, no held events).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpSummary {
+    pub operation_type: String,
+    pub status: Status,
+    pub requested_at: Option<i64>,
+    /// When it entered manual review (else its last event time).
+    pub review_since: i64,
+}
+
+impl OpSummaryRef<'_> {
+    fn of(op: &OperationState) -> OpSummaryRef<'_> {
+        OpSummaryRef {
+            operation_type: &op.operation_type,
+            status: op.status,
+            requested_at: op.request.as_ref().map(|r| r.requested_at),
+            review_since: op.review_since.unwrap_or(op.last_event_at),
+        }
+    }
+}
+
+/// The writes of one batch in parts of disjoint partitions, each part in
+/// the order it goes to the store, with the outputs still to publish.
+#[derive(Debug, Default)]
+pub struct Encoded {
+    pub(crate) parts: Vec<Part>,
+}
+
+/// The writes of some partitions: one atomic store write, which holds
+/// their state, their offsets and their outputs together.
+#[derive(Debug, Default)]
+pub(crate) struct Part {
+    /// Every key and value, back to back.
+    pub bytes: Vec<u8>,
+    pub writes: Vec<Write>,
+    /// Stored as one outbox value.
+    pub outbox: Vec<OutboxRecord>,
+}
+
+impl Encoded {
+    /// Adds the parts of `other` (of other partitions) after these; its
+    /// outputs go after these.
+    pub fn absorb(&mut self, other: Encoded) {
+        self.parts.extend(other.parts);
+    }
+
+    /// Takes the outputs out of a written batch, in order.
+    pub fn into_outbox(self) -> Vec<OutboxRecord> {
+        self.parts.into_iter().flat_map(|p| p.outbox).collect()
+    }
+}
+
+impl Part {
+    fn push(&mut self, bytes: &[u8]) -> Range<usize> {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(bytes);
+        start..self.bytes.len()
+    }
+
+    /// Serializes `value` straight into the buffer (postcard appends).
+    fn push_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Range<usize> {
+        let start = self.bytes.len();
+        self.bytes = postcard::to_extend(value, std::mem::take(&mut self.bytes)).expect("state types serialize");
+        start..self.bytes.len()
+    }
+
+    fn put<T: Serialize + ?Sized>(&mut self, family: Family, key: &[u8], value: &T) {
+        let key = self.push(key);
+        let value = self.push_value(value);
+        self.writes.push(Write::Put { family, key, value });
+    }
+
+    fn delete(&mut self, family: Family, key: &[u8]) {
+        let key = self.push(key);
+        self.writes.push(Write::Delete { family, key });
+    }
+}
+
+/// Writes in key order; a stable sort, so of two writes to one key the
+/// later still wins. The memtable's skip list then finds every insert next
+/// to the previous one (unsorted, its searches were a fifth of a rebuild's
+/// CPU).
+fn by_key<K: Ord, T>(items: impl Iterator<Item = (K, T)>) -> Vec<(K, T)> {
+    let mut v: Vec<_> = items.collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+impl Batch {
+    /// The keys and values this batch writes, in write order: timeline
+    /// entries first (an operation deleted in the same batch takes them
+    /// with it), then operations, entities, timers, offsets; each family in
+    /// key order. The outputs are kept as they are: the store encodes them
+    /// as the batch's one outbox value when it writes.
+    pub fn encode(self) -> Encoded {
+        let mut part = Part {
+            bytes: Vec::with_capacity(256 * self.timeline.len() + 4096),
+            writes: Vec::new(),
+            outbox: self.outbox,
+        };
+        for (key, value) in by_key(self.timeline.iter().map(|(k, v)| (k, v))) {
+            let key = part.push(key);
+            let value = part.push(value);
+            part.writes.push(Write::Put { family: Family::Timeline, key, value });
+        }
+        for (key, (p, id, state, timeline_total)) in by_key(self.ops.iter().map(|op| (keys::scoped(op.0, &op.1), op))) {
+            match state {
+                Some(state) => part.put(
+                    Family::Ops,
+                    &key,
+                    &StoredOpRef { timeline_total: *timeline_total, summary: OpSummaryRef::of(state), state },
+                ),
+                None => {
+                    part.delete(Family::Ops, &key);
+                    // Out of retention: its timeline goes with it (after
+                    // this batch's entries, which it removes too).
+                    let from = part.push(&keys::timeline_head(*p, id));
+                    let to = part.push(&keys::timeline_end(*p, id));
+                    part.writes.push(Write::DeleteRange { family: Family::Timeline, from, to });
+                }
+            }
+        }
+        for (key, (_, _, state)) in by_key(self.entities.iter().map(|e| (keys::scoped(e.0, &e.1), e))) {
+            part.put(Family::Entities, &key, state);
+        }
+        for (key, _) in by_key(self.timers_removed.iter().map(|(p, at, op)| (keys::timer(*p, *at, op), &()))) {
+            part.delete(Family::Timers, &key);
+        }
+        for (key, (_, t)) in by_key(self.timers_added.iter().map(|e| (keys::timer(e.0, e.1.at, &e.1.operation_id), e)))
+        {
+            part.put(Family::Timers, &key, t);
+        }
+        for (p, next) in &self.offsets {
+            let key = part.push(&keys::partition_prefix(*p));
+            let value = part.push(&next.to_be_bytes());
+            part.writes.push(Write::Put { family: Family::Offsets, key, value });
+        }
+        Encoded { parts: vec![part] }
+    }
+}
