@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use reconciler::codec::Codec;
 use reconciler::config::Config;
 use reconciler::kafka::Record;
-use reconciler::loadgen::{self, Generator, LoadRecord, Options};
+use reconciler::loadgen::{self, Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
 use reconciler::store::{Store, Tuning};
@@ -81,43 +81,21 @@ fn main() {
     let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
     let applier = Applier { discard_outputs, ..Applier::new(&cfg, &store, &policy, &codec, &metrics) };
     let mut next: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
-    // The next offset to hand out in each partition.
-    let mut offsets = next.clone();
+    // By key, as a producer's partitioner does: an entity's events stay in
+    // one partition, in order.
+    let mut topic = MemoryTopic::new(partitions);
     let no_restore = BTreeMap::new();
     let mut stats = Stats::default();
     let started = Instant::now();
     loop {
-        let chunk: Vec<(Vec<u8>, Option<Vec<u8>>)> = gen
+        let records: Vec<Record> = gen
             .by_ref()
             .take(batch)
-            .map(|p| match p.record {
-                LoadRecord::Event(e) => (e.entity_id.clone().into_bytes(), Some(codec.encode_event(&e).unwrap())),
-                LoadRecord::Raw { key, value, .. } => (key, value),
-            })
+            .map(|p| topic.append(loadgen::to_outbox(&codec, &cfg.topics.events, &p.record).unwrap()))
             .collect();
-        if chunk.is_empty() {
+        if records.is_empty() {
             break;
         }
-        let records: Vec<Record> = chunk
-            .into_iter()
-            .map(|(key, value)| {
-                // By key, as a producer's partitioner does: an entity's
-                // events stay in one partition, in order.
-                let partition = (xxhash_rust::xxh3::xxh3_64(&key) % partitions as u64) as i32;
-                let slot = offsets.get_mut(&partition).expect("every partition");
-                let offset = *slot;
-                *slot += 1;
-                Record {
-                    topic: cfg.topics.events.clone(),
-                    partition,
-                    offset,
-                    timestamp: None,
-                    key: Some(key),
-                    value,
-                    headers: Vec::new(),
-                }
-            })
-            .collect();
         let t = Instant::now();
         // Exactly the pipeline's per-batch work (decode, core, timeline,
         // metrics, outputs counted or encoded, on the lanes), then its store

@@ -29,7 +29,7 @@ use crate::cli::LoadgenAction;
 use crate::codec::{Codec, EncodeError};
 use crate::config::Config;
 use crate::kafka::producer::Publisher;
-use crate::kafka::KafkaError;
+use crate::kafka::{KafkaError, Record};
 use crate::store::OutboxRecord;
 
 pub use scenario::{Faults, Generator, LoadRecord, Options, Planned};
@@ -154,6 +154,40 @@ pub fn to_outbox(codec: &Codec, topic: &str, r: &LoadRecord) -> Result<OutboxRec
             value: value.clone(),
             headers: Vec::new(),
         }),
+    }
+}
+
+/// A topic in memory: records appended as a producer keyed by entity and a
+/// broker would place them (a partition by a hash of the key, offsets from
+/// 0 in each), and handed back as a consumer reads them. For replaying a
+/// workload through the pipeline's batch step without a broker (the
+/// rebuild bench, tests).
+#[derive(Debug, Clone)]
+pub struct MemoryTopic {
+    /// The next offset of each partition.
+    next: Vec<i64>,
+}
+
+impl MemoryTopic {
+    pub fn new(partitions: i32) -> MemoryTopic {
+        MemoryTopic { next: vec![0; partitions.max(1) as usize] }
+    }
+
+    /// `r` as consumed: in its key's partition, at that partition's next offset.
+    pub fn append(&mut self, r: OutboxRecord) -> Record {
+        let key = r.key.as_deref().unwrap_or_default();
+        let partition = (xxhash_rust::xxh3::xxh3_64(key) % self.next.len() as u64) as usize;
+        let offset = self.next[partition];
+        self.next[partition] += 1;
+        Record {
+            topic: r.topic,
+            partition: partition as i32,
+            offset,
+            timestamp: None,
+            key: r.key,
+            value: r.value,
+            headers: r.headers,
+        }
     }
 }
 

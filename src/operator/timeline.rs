@@ -114,14 +114,6 @@ impl Arrival {
     }
 }
 
-/// The structured fields of a body in one line. Free text that may carry
-/// personal data (`detail`, `evidence_ref`) is left out.
-pub fn summary(body: &Body) -> String {
-    let mut out = Vec::new();
-    write_summary(&mut out, body);
-    String::from_utf8(out).expect("formatted text")
-}
-
 /// Appends formatted text to a byte buffer through `fmt::Write` (the
 /// `io::Write` route to a `Vec<u8>` cost twice as much per record).
 struct Text<'a>(&'a mut Vec<u8>);
@@ -133,7 +125,8 @@ impl std::fmt::Write for Text<'_> {
     }
 }
 
-/// [`summary`], appended to `out`.
+/// Appends the structured fields of a body in one line to `out`. Free text
+/// that may carry personal data (`detail`, `evidence_ref`) is left out.
 fn write_summary(out: &mut Vec<u8>, body: &Body) {
     let out = &mut Text(out);
     struct Opt<T>(Option<T>);

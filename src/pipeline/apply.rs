@@ -272,7 +272,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::loadgen::{Generator, LoadRecord, Options};
+    use crate::loadgen::{to_outbox, Generator, MemoryTopic, Options};
     use crate::store::tests::temp;
     use crate::store::OutboxRecord;
 
@@ -290,25 +290,9 @@ mod tests {
         let (policy, codec) = (cfg.policy(), Codec::new());
         let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
         let applier = Applier { lanes, ..Applier::new(&cfg, &store, &policy, &codec, &metrics) };
+        let mut topic = MemoryTopic::new(6);
         let records: Vec<Record> = Generator::new(Options::preload(3_000, 11, 1_700_000_000_000))
-            .map(|p| match p.record {
-                LoadRecord::Event(e) => (e.entity_id.clone().into_bytes(), Some(codec.encode_event(&e).unwrap())),
-                LoadRecord::Raw { key, value, .. } => (key, value),
-            })
-            .scan(BTreeMap::<i32, i64>::new(), |offsets, (key, value)| {
-                let partition = (xxhash_rust::xxh3::xxh3_64(&key) % 6) as i32;
-                let offset = offsets.entry(partition).or_default();
-                *offset += 1;
-                Some(Record {
-                    topic: cfg.topics.events.clone(),
-                    partition,
-                    offset: *offset - 1,
-                    timestamp: None,
-                    key: Some(key),
-                    value,
-                    headers: Vec::new(),
-                })
-            })
+            .map(|p| topic.append(to_outbox(&codec, &cfg.topics.events, &p.record).unwrap()))
             .collect();
         let (mut next, mut stats) = ((0..6).map(|p| (p, 0)).collect(), Stats::default());
         let mut by_key: BTreeMap<Vec<u8>, Vec<OutboxRecord>> = BTreeMap::new();

@@ -244,7 +244,10 @@ impl Pipeline {
     }
 
     /// `replay`: `None` for a live pipeline, else whether outputs are discarded.
-    fn open(cfg: Config, clock: Clock, replay: Option<bool>) -> Result<Pipeline, PipelineError> {
+    fn open(mut cfg: Config, clock: Clock, replay: Option<bool>) -> Result<Pipeline, PipelineError> {
+        // "One lane per core" resolved once: finding the core count reads
+        // the affinity mask and cgroup files, too much for every batch.
+        cfg.consumer.apply_threads = cfg.consumer.apply_lanes();
         let t = &cfg.topics;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         std::fs::create_dir_all(&cfg.state_dir)

@@ -148,6 +148,13 @@ impl Part {
         self.writes.push(Write::Put { family, key, value });
     }
 
+    /// A put of a value already in bytes.
+    fn put_bytes(&mut self, family: Family, key: &[u8], value: &[u8]) {
+        let key = self.push(key);
+        let value = self.push(value);
+        self.writes.push(Write::Put { family, key, value });
+    }
+
     fn delete(&mut self, family: Family, key: &[u8]) {
         let key = self.push(key);
         self.writes.push(Write::Delete { family, key });
@@ -177,9 +184,7 @@ impl Batch {
             outbox: self.outbox,
         };
         for (key, value) in by_key(self.timeline.iter().map(|(k, v)| (k, v))) {
-            let key = part.push(key);
-            let value = part.push(value);
-            part.writes.push(Write::Put { family: Family::Timeline, key, value });
+            part.put_bytes(Family::Timeline, key, value);
         }
         for (key, (p, id, state, timeline_total)) in by_key(self.ops.iter().map(|op| (keys::scoped(op.0, &op.1), op))) {
             match state {
@@ -209,9 +214,7 @@ impl Batch {
             part.put(Family::Timers, &key, t);
         }
         for (p, next) in &self.offsets {
-            let key = part.push(&keys::partition_prefix(*p));
-            let value = part.push(&next.to_be_bytes());
-            part.writes.push(Write::Put { family: Family::Offsets, key, value });
+            part.put_bytes(Family::Offsets, &keys::partition_prefix(*p), &next.to_be_bytes());
         }
         Encoded { parts: vec![part] }
     }
