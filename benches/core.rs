@@ -143,7 +143,7 @@ fn store_commit(c: &mut Criterion) {
                     batch.put_op(0, op.operation_id.clone(), Some(op.clone()), 0);
                 }
                 for (id, e) in &engine.entities {
-                    batch.put_entity(0, id.clone(), e.clone());
+                    batch.put_entity(0, id.clone(), Some(e.clone()));
                 }
                 batch.set_offset(0, evs.len() as i64);
                 for r in &outbox {

@@ -36,7 +36,7 @@ fn bench(c: &mut Criterion) {
         let entity = entities.entry(e.entity_id.clone()).or_default();
         let arrival = Arrival::of(e, pos, &policy);
         let mut outputs = Vec::new();
-        let disposition = apply(&policy, slot, entity, e.clone(), pos, &mut outputs);
+        let disposition = apply(&policy, slot, entity, e.clone(), pos, &mut outputs).disposition;
         applied.push(Applied { arrival, disposition, outputs, exists: slot.is_some() });
     }
     let state_batch = || {
@@ -46,7 +46,7 @@ fn bench(c: &mut Criterion) {
             batch.put_op(0, id.clone(), op.clone(), 0);
         }
         for (id, e) in &entities {
-            batch.put_entity(0, id.clone(), e.clone());
+            batch.put_entity(0, id.clone(), Some(e.clone()));
         }
         batch.set_offset(0, evs.len() as i64);
         batch

@@ -24,7 +24,7 @@ set +e
 # --show-output: the fault-injection suites print their figures
 # (iterations, crashes, inputs, losses, non-identical duplicates).
 [ $# -gt 0 ] || set -- -- --show-output
-cargo test --release --locked "$@" 2>&1 | tee "$log"
+cargo test --release --locked --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line for the whole suite, summed over every test binary.

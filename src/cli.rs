@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::core::event::Decision;
 use crate::core::Outcome;
 use crate::operator::commands::parse_position;
-use crate::operator::render::{parse_decision, parse_duration, parse_outcome};
+use crate::operator::render::{parse_decision, parse_duration, parse_outcome, parse_waiting};
+use crate::operator::review::Waiting;
 
 /// Proves whether asynchronous work really happened: consumes operation
 /// lifecycle events from Kafka and publishes verdicts, anomalies and dead
@@ -100,9 +101,11 @@ pub enum Command {
         #[command(flatten)]
         view: ViewArgs,
     },
-    /// The manual-review queue, oldest first.
+    /// The manual-review queue, oldest first (or, with `--waiting machine`,
+    /// the cases waiting for a PROBE or REQUEUE to be answered).
     ///
-    /// Shows age, entity, type, outcome, recommended action and reason.
+    /// Shows age, entity, type, outcome, recommended action and reason;
+    /// machine cases also their follow-up time.
     ///
     /// Example: reconciler review --type sync_customer --older-than 2h
     Review {
@@ -113,9 +116,13 @@ pub enum Command {
         /// DUPLICATE_EFFECT, ...; any case).
         #[arg(long, value_parser = parse_outcome)]
         outcome: Option<Outcome>,
-        /// Only cases in review at least this long (500ms, 30s, 10m, 2h, 3d).
+        /// Only cases waiting at least this long (500ms, 30s, 10m, 2h, 3d).
         #[arg(long, value_parser = parse_duration)]
         older_than: Option<i64>,
+        /// `person`: the manual-review queue; `machine`: cases waiting for
+        /// a machine action (PROBE, REQUEUE) until their follow-up.
+        #[arg(long, value_parser = parse_waiting, default_value = "person")]
+        waiting: Waiting,
         #[command(flatten)]
         view: ViewArgs,
     },
@@ -237,6 +244,11 @@ pub enum LoadgenAction {
         /// Give up waiting for the outputs after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
+        /// Also check the state directory of the `reconciler run` that
+        /// processed the workload (running or stopped): no operation may be
+        /// open without a timer (SPEC §11).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Benchmark baseline: copy COUNT records of the input topic to another
     /// topic with a bare librdkafka consumer and producer (no decode, no state).

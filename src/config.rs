@@ -151,6 +151,14 @@ pub struct Time {
     pub retention_ms: i64,
     /// How often the wall clock is compared with the timers (at most 1000).
     pub timer_interval_ms: u64,
+    /// How long after a PROBE or REQUEUE verdict an operation with no new
+    /// evidence is followed up (an unanswered probe goes to review, a
+    /// requeue nobody picked up is requeued again). Unset: one confirmation
+    /// window of the operation.
+    pub follow_up_ms: Option<i64>,
+    /// Automatic requeues allowed per operation in all; then the operation
+    /// goes to review (MISSING / MANUAL_REVIEW). 0 never requeues.
+    pub max_requeues: u32,
 }
 
 impl Default for Time {
@@ -163,6 +171,8 @@ impl Default for Time {
             reorder_max_held: p.reorder_max_held,
             retention_ms: p.retention_ms,
             timer_interval_ms: 250,
+            follow_up_ms: p.follow_up_ms,
+            max_requeues: p.max_requeues,
         }
     }
 }
@@ -173,6 +183,10 @@ impl Default for Time {
 pub struct TypeConfig {
     pub confirm_within_ms: Option<i64>,
     pub max_attempts: Option<i32>,
+    /// Overrides `[time] follow_up_ms` for this type.
+    pub follow_up_ms: Option<i64>,
+    /// Overrides `[time] max_requeues` for this type.
+    pub max_requeues: Option<u32>,
 }
 
 /// Redaction of free-text evidence.
@@ -354,6 +368,9 @@ impl Config {
                 return Err(invalid(field, format!("must be positive, got {v}")));
             }
         }
+        if let Some(v) = tm.follow_up_ms.filter(|v| *v <= 0) {
+            return Err(invalid("time.follow_up_ms", format!("must be positive, got {v}")));
+        }
         if tm.default_max_attempts < 1 {
             return Err(invalid("time.default_max_attempts", "must be at least 1"));
         }
@@ -369,6 +386,9 @@ impl Config {
             }
             if ty.max_attempts.is_some_and(|v| v < 1) {
                 return Err(invalid(&format!("types.{name}.max_attempts"), "must be at least 1"));
+            }
+            if ty.follow_up_ms.is_some_and(|v| v <= 0) {
+                return Err(invalid(&format!("types.{name}.follow_up_ms"), "must be positive"));
             }
         }
         Redactor::new(&self.redaction.patterns).map_err(|e| invalid("redaction.patterns", e.to_string()))?;
@@ -416,12 +436,20 @@ impl Config {
                 .types
                 .iter()
                 .map(|(k, v)| {
-                    (k.clone(), TypePolicy { confirm_within_ms: v.confirm_within_ms, max_attempts: v.max_attempts })
+                    let t = TypePolicy {
+                        confirm_within_ms: v.confirm_within_ms,
+                        max_attempts: v.max_attempts,
+                        follow_up_ms: v.follow_up_ms,
+                        max_requeues: v.max_requeues,
+                    };
+                    (k.clone(), t)
                 })
                 .collect(),
             reorder_window_ms: self.time.reorder_window_ms,
             reorder_max_held: self.time.reorder_max_held,
             retention_ms: self.time.retention_ms,
+            follow_up_ms: self.time.follow_up_ms,
+            max_requeues: self.time.max_requeues,
             act: self.mode == Mode::Act,
             redactor: Redactor::new(&self.redaction.patterns).expect("validated"),
         }
@@ -462,6 +490,10 @@ mod tests {
     fn bad_values_are_named() {
         let err = from_toml("[time]\nreorder_window_ms = 0\n").unwrap_err().to_string();
         assert!(err.contains("time.reorder_window_ms"), "{err}");
+        let err = from_toml("[time]\nfollow_up_ms = -5\n").unwrap_err().to_string();
+        assert!(err.contains("time.follow_up_ms"), "{err}");
+        let err = from_toml("[types.sync]\nfollow_up_ms = 0\n").unwrap_err().to_string();
+        assert!(err.contains("types.sync.follow_up_ms"), "{err}");
         let err = from_toml("[redaction]\npatterns = [\"(\"]\n").unwrap_err().to_string();
         assert!(err.contains("redaction.patterns"), "{err}");
         let err = from_toml("mode = \"fix\"\n").unwrap_err().to_string();

@@ -188,6 +188,28 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
             let e = b.ev("cancelled", "cust-950", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
+        // A transient failure, retried at the time the worker scheduled,
+        // then confirmed.
+        let busy = Body::AttemptFailed {
+            attempt: 1,
+            error_class: ErrorClass::Transient,
+            error_code: "HTTP_503".into(),
+            detail: "destination busy".into(),
+            next_attempt_at: Some(b.start + 30),
+        };
+        for (i, body) in [
+            requested(6, true, true),
+            started("w-1"),
+            busy,
+            Body::Started { attempt: 2, worker: "w-2".into() },
+            observed(6, "crm-965", WorkerResponse),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let e = b.ev("retried", "cust-965", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
         // A permanent failure.
         let fail = Body::AttemptFailed {
             attempt: 1,
@@ -198,6 +220,19 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
         };
         for (i, body) in [requested(1, true, true), started("w-1"), fail].into_iter().enumerate() {
             let e = b.ev("rejected", "cust-960", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        // Seed 000: the version changes while the older sync is in flight:
+        // the older one is superseded (closed, never requeued), the newer
+        // one completes.
+        for (i, body) in [requested(1, true, true), started("w-1")].into_iter().enumerate() {
+            let e = b.ev("bumped-v1", "cust-970", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+            b.push(e);
+        }
+        for (i, body) in
+            [requested(2, true, true), started("w-2"), observed(2, "crm-970", WorkerResponse)].into_iter().enumerate()
+        {
+            let e = b.ev("bumped-v2", "cust-970", s, Some(i as i64 + 1), 50 + i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
         // A manual decision closing a review case (after the race above).
@@ -268,7 +303,7 @@ pub struct DemoReport {
 /// Adds the demo's per-type windows to a config.
 pub fn configure(cfg: &mut Config) {
     for (ty, ms) in demo_types() {
-        cfg.types.entry(ty.to_owned()).or_insert(TypeConfig { confirm_within_ms: Some(ms), max_attempts: None });
+        cfg.types.entry(ty.to_owned()).or_insert(TypeConfig { confirm_within_ms: Some(ms), ..TypeConfig::default() });
     }
 }
 

@@ -93,9 +93,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", commands::explain_cmd(&cfg, &operation_id, view.json)?);
             Ok(())
         }
-        Command::Review { operation_type, outcome, older_than, view } => {
+        Command::Review { operation_type, outcome, older_than, waiting, view } => {
             set_state_dir(&mut cfg, view.state_dir);
-            let filter = ReviewFilter { operation_type, outcome, older_than_ms: older_than };
+            let filter = ReviewFilter { operation_type, outcome, older_than_ms: older_than, waiting };
             print!("{}", commands::review_cmd(&cfg, &filter, view.json)?);
             Ok(())
         }

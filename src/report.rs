@@ -33,7 +33,10 @@ pub fn render(r: &DemoReport) -> String {
     let _ = writeln!(s, "Example verdicts");
     let mut shown = std::collections::BTreeSet::new();
     for v in &r.verdicts {
-        if shown.insert((v.outcome, v.action)) {
+        // One of each kind, telling apart the follow-ups that escalated and
+        // the operations superseded by a newer version (SPEC §11).
+        let kind = (v.outcome, v.action, v.evidence.escalation, v.evidence.superseded_by.is_some());
+        if shown.insert(kind) {
             let _ = writeln!(
                 s,
                 "  {} {}/{} [{}]\n    {}",

@@ -116,8 +116,41 @@ fn verdict() -> Verdict {
                 note: "n".into(),
                 evidence_checked: vec![],
             }),
+            requeues: 2,
+            follow_up_at: Some(70),
+            next_attempt_at: Some(-3),
+            superseded_by: Some(Supersession { operation_id: "op-2".into(), expected_version: None }),
+            escalation: Some(Escalation::RequeuesExhausted),
         },
     }
+}
+
+/// A verdict written by a reconciler still on version 1 of the Verdict
+/// schema (no follow-up, supersede or escalation evidence) decodes with
+/// the defaults of version 2, for a downstream reader upgraded first.
+#[test]
+fn verdict_of_schema_version_1_decodes_with_defaults() {
+    let codec = Codec::new();
+    let v1 = codec.schemas().all().find(|w| w.file == "history/verdict.v1.avsc").expect("v1 shipped");
+    let mut old = verdict();
+    let added = ["requeues", "follow_up_at", "next_attempt_at", "superseded_by", "escalation"];
+    let Value::Record(mut fields) = apache_avro::to_value(&old).unwrap() else { panic!("a record") };
+    for (name, value) in fields.iter_mut() {
+        if name == "evidence" {
+            let Value::Record(ev) = value else { panic!("evidence is a record") };
+            ev.retain(|(k, _)| !added.contains(&k.as_str()));
+        }
+    }
+    let value = Value::Record(fields).resolve(&v1.schema).unwrap();
+    let mut bytes = v1.header();
+    bytes.extend(apache_avro::to_avro_datum(&v1.schema, value).unwrap());
+    let decoded = codec.decode_verdict(&bytes).unwrap();
+    old.evidence.requeues = 0;
+    old.evidence.follow_up_at = None;
+    old.evidence.next_attempt_at = None;
+    old.evidence.superseded_by = None;
+    old.evidence.escalation = None;
+    assert_eq!(decoded, old);
 }
 
 #[test]

@@ -202,6 +202,7 @@ struct Expected {
     anomalies: BTreeMap<Vec<String>, f64>,
     commands: BTreeMap<Vec<String>, f64>,
     failures: BTreeMap<Vec<String>, f64>,
+    retries: BTreeMap<Vec<String>, f64>,
     confirm_count: BTreeMap<Vec<String>, f64>,
     confirm_sum: BTreeMap<String, f64>,
     manual: BTreeMap<Vec<String>, f64>,
@@ -226,15 +227,20 @@ fn expect(cfg: &Config, records: &[DemoRecord]) -> Expected {
         let bytes = codec.encode_event(ev).unwrap();
         validate_key(Some(ev.entity_id.as_bytes()), &codec.decode_event(&bytes).unwrap()).unwrap();
         let class = match &ev.body {
-            Body::AttemptFailed { error_class, .. } => Some(format!("{error_class:?}").to_ascii_uppercase()),
+            Body::AttemptFailed { error_class, error_code, .. } => {
+                Some((format!("{error_class:?}").to_ascii_uppercase(), error_code.clone()))
+            }
             _ => None,
         };
         let op = ev.operation_id.clone();
         let d = x.engine.process(&policy, ev.clone(), SourcePos { partition: 0, offset: i as i64 }, &mut out);
         *x.results.entry(d.as_str().into()).or_default() += 1.0;
-        if let (reconciler::core::Disposition::Applied, Some(class)) = (d, class) {
+        if let (reconciler::core::Disposition::Applied, Some((class, code))) = (d, class) {
             let next = if x.engine.ops[&op].status == Status::ManualReview { "review" } else { "retry" };
             *x.failures.entry(vec![class, next.into()]).or_default() += 1.0;
+            if next == "retry" {
+                *x.retries.entry(vec![code]).or_default() += 1.0;
+            }
         }
     }
     for o in &out {
@@ -319,7 +325,8 @@ fn metrics_count_what_a_known_run_did_and_state_gauges_survive_a_restart() {
     assert_eq!(m.by("reconciler_anomalies_total", &["kind"]), x.anomalies);
     assert_eq!(m.by("reconciler_repair_commands_total", &["action"]), x.commands);
     assert_eq!(m.by("reconciler_attempt_failures_total", &["error_class", "next"]), x.failures);
-    assert!(!x.failures.is_empty() && !x.commands.is_empty() && !x.confirm_count.is_empty());
+    assert_eq!(m.by("reconciler_retries_by_cause_total", &["error_code"]), x.retries);
+    assert!(!x.failures.is_empty() && !x.commands.is_empty() && !x.confirm_count.is_empty() && !x.retries.is_empty());
     assert_eq!(m.by("reconciler_time_to_confirm_seconds_count", &["type"]), x.confirm_count);
     for (ty, secs) in &x.confirm_sum {
         assert!((m.sum("reconciler_time_to_confirm_seconds_sum", &[("type", ty)]) - secs).abs() < 1e-6);

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use reconciler::codec::Codec;
 use reconciler::core::event::{Body, Decision};
-use reconciler::core::output::{Action, Evidence, Outcome, Status, Verdict};
+use reconciler::core::output::{Action, Escalation, Evidence, Outcome, Status, Supersession, Verdict};
 
 fn python(args: &[&str]) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/fastavro_interop.py");
@@ -69,6 +69,11 @@ fn rust_verdict_decodes_in_fastavro() {
             trigger_partition: 3,
             trigger_offset: 99,
             manual_decision: None,
+            requeues: 1,
+            follow_up_at: Some(1_700_000_300_456),
+            next_attempt_at: None,
+            superseded_by: Some(Supersession { operation_id: "op-2".into(), expected_version: Some(8) }),
+            escalation: Some(Escalation::ProbeUnanswered),
         },
     };
     let dir = std::env::temp_dir().join(format!("reconciler-interop-v-{}", std::process::id()));
@@ -85,6 +90,12 @@ fn rust_verdict_decodes_in_fastavro() {
     assert_eq!(json["evidence"]["remote_ids"], serde_json::json!(["r1", "r2"]));
     assert_eq!(json["evidence"]["manual_decision"], serde_json::Value::Null);
     assert_eq!(json["evidence"]["trigger_offset"], 99);
+    // Schema version 2's evidence (SPEC §11).
+    assert_eq!(json["evidence"]["requeues"], 1);
+    assert_eq!(json["evidence"]["follow_up_at"], 1_700_000_300_456i64);
+    assert_eq!(json["evidence"]["next_attempt_at"], serde_json::Value::Null);
+    assert_eq!(json["evidence"]["superseded_by"], serde_json::json!({"operation_id": "op-2", "expected_version": 8}));
+    assert_eq!(json["evidence"]["escalation"], "PROBE_UNANSWERED");
 }
 
 /// Every shipped schema has the same CRC-64-AVRO fingerprint here as in

@@ -32,6 +32,10 @@ fn heavy_faults() -> Faults {
         stale_version: 0.05,
         orphan: 0.04,
         garbage: 0.04,
+        version_bump: 0.05,
+        retry_scheduled_late: 0.04,
+        requeue_not_picked_up: 0.04,
+        requeue_picked_up_then_lost: 0.04,
     }
 }
 
@@ -47,7 +51,7 @@ fn ground_truth_matches_the_memory_engine() {
     let mut gen = Generator::new(options(20_000, 42, now));
     let records: Vec<LoadRecord> = gen.by_ref().map(|p| p.record).collect();
     let truth = gen.into_truth();
-    assert!(truth.stories.len() >= 20, "every story occurs: {:?}", truth.stories);
+    assert_eq!(truth.stories.len(), 26, "every story occurs: {:?}", truth.stories);
 
     // Dead letters: what the pipeline's decode step rejects, by class.
     let codec = Codec::new();
@@ -83,7 +87,8 @@ fn ground_truth_matches_the_memory_engine() {
         match o {
             Output::Verdict(v) => {
                 let timer = v.trigger_event_id.starts_with("deadline:");
-                let label = Expected { outcome: v.outcome, action: v.action, needs_timer: timer }.label();
+                let label =
+                    Expected { outcome: v.outcome, action: v.action, timer_at: timer.then_some(v.decided_at) }.label();
                 verdicts.entry(v.operation_id.clone()).or_default().push(label);
             }
             Output::Anomaly(a) => *anomalies.entry(a.kind.as_str().to_owned()).or_default() += 1,
@@ -158,8 +163,40 @@ fn loadgen_run_verify_agrees_on_the_broker() {
     assert_eq!(published.records, truth.records);
     let running = common::Running::start(&cfg, system_clock());
     let report = loadgen::verify::verify(&cfg, &truth, Duration::from_secs(120), Duration::from_millis(1500)).unwrap();
+    // Read while the pipeline still holds the store (a secondary instance).
+    let untimed = loadgen::verify::untimed_in(&cfg, &cfg.state_dir).unwrap();
     running.stop();
     let _ = std::fs::remove_dir_all(&cfg.state_dir);
     assert!(report.complete && report.agrees(), "{}", report.render());
     assert!(truth.timer_verdicts > 0 && truth.dead_letters > 0);
+    assert!(untimed.is_empty(), "open without a timer: {untimed:?}");
+}
+
+/// SPEC §11 against the generator: a version bump supersedes the older
+/// operation, a late retry moves the deadline, and unanswered requeues and
+/// probes end in review at the times the truth states.
+#[test]
+fn follow_up_stories_carry_their_timer_times() {
+    let mut o = Options::preload(4_000, 9, 1_800_000_000_000);
+    o.faults = Faults { version_bump: 0.2, retry_scheduled_late: 0.2, requeue_not_picked_up: 0.2, ..Faults::none() };
+    let mut g = Generator::new(o.clone());
+    g.by_ref().for_each(drop);
+    let t = g.into_truth();
+    let w = o.confirm_within_ms;
+    let labels: Vec<&Vec<String>> = t.verdicts.values().collect();
+    // Never picked up: requeued now, again one window later, then review.
+    assert!(labels.iter().any(|l| l.len() == 3
+        && l[0] == "MISSING/REQUEUE"
+        && l[1].starts_with("MISSING/REQUEUE+timer@")
+        && l[2].starts_with("MISSING/MANUAL_REVIEW+timer@")));
+    // Superseded: closed once, nothing after.
+    assert!(labels.iter().any(|l| l.as_slice() == ["NOT_APPLICABLE/CLOSE"]));
+    // A late retry: the first timer verdict comes three windows after the
+    // request (the retry two windows ahead, plus its own window).
+    for (op, l) in &t.verdicts {
+        if let Some(first) = l.first().and_then(|s| Expected::parse(s)).and_then(|e| e.timer_at) {
+            assert!(first > o.start_ms, "{op}: {l:?}");
+        }
+    }
+    assert!(t.timer_verdicts > 0 && t.latest_due_ms >= o.start_ms + 3 * w);
 }

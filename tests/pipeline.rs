@@ -300,8 +300,10 @@ fn overdue_operation_on_a_busy_partition_is_judged_while_traffic_continues() {
 
 fn overdue_within_three_seconds(busy: bool) {
     let mut cfg = config("overdue");
-    cfg.types
-        .insert("quick".into(), reconciler::config::TypeConfig { confirm_within_ms: Some(2_000), max_attempts: None });
+    cfg.types.insert(
+        "quick".into(),
+        reconciler::config::TypeConfig { confirm_within_ms: Some(2_000), ..Default::default() },
+    );
     let running = Running::start(&cfg, system_clock());
     let t = now();
     let ev = Event {

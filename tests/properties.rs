@@ -259,3 +259,174 @@ proptest! {
         prop_assert_eq!(encode(&a), encode(&b));
     }
 }
+
+// ---- SPEC §11: the reconciliation never stops before a case is settled ----
+
+/// One step of a random stream: an event of operation `op` (0..4) or the
+/// wall clock moving on by `dt` ms (timers fire).
+#[derive(Debug, Clone)]
+enum Move {
+    Event { op: usize, seq: Option<i64>, dt: i64, body: Body },
+    Clock { dt: i64 },
+}
+
+fn any_body() -> impl Strategy<Value = Body> {
+    use reconciler::core::event::Decision;
+    let requested = (1i64..5, any::<bool>(), any::<bool>(), 0usize..2, proptest::option::of(Just(60_000i64))).prop_map(
+        |(v, idempotent, key, dest, within)| {
+            Body::Requested(Requested {
+                expected_version: Some(v),
+                expected_fingerprint: None,
+                idempotency_key: key.then(|| format!("key-{v}")),
+                idempotent,
+                destination: ["crm", "billing"][dest].into(),
+                confirm_within_ms: within,
+                max_attempts: Some(3),
+            })
+        },
+    );
+    let failed =
+        (1i32..4, any::<bool>(), proptest::option::of(0i64..400_000)).prop_map(|(attempt, transient, next)| {
+            Body::AttemptFailed {
+                attempt,
+                error_class: if transient { ErrorClass::Transient } else { ErrorClass::Permanent },
+                error_code: "E".into(),
+                detail: "d".into(),
+                next_attempt_at: next.map(|n| BASE + n),
+            }
+        });
+    let observed = (1i64..5, 0usize..2).prop_map(|(v, r)| {
+        Body::EffectObserved(EffectObserved {
+            remote_id: Some(format!("r-{r}")),
+            observed_version: Some(v),
+            observed_fingerprint: None,
+            source: EvidenceSource::DestinationQuery,
+            evidence_ref: None,
+        })
+    });
+    let decision = prop_oneof![
+        Just(Decision::Confirm),
+        Just(Decision::Requeue),
+        Just(Decision::Compensate),
+        Just(Decision::Close)
+    ]
+    .prop_map(|decision| Body::ManualDecision {
+        actor: "ana".into(),
+        decision,
+        note: "n".into(),
+        evidence_checked: vec![],
+    });
+    prop_oneof![
+        3 => requested,
+        3 => (1i32..4).prop_map(|attempt| Body::Started { attempt, worker: "w".into() }),
+        2 => failed,
+        2 => (1i32..4).prop_map(|attempt| Body::OutcomeUnknown { attempt, detail: "t".into() }),
+        2 => observed,
+        2 => Just(Body::EffectAbsent { source: EvidenceSource::DestinationQuery, evidence_ref: None }),
+        1 => Just(Body::Compensated { actor: "a".into(), reason: "r".into() }),
+        1 => Just(Body::Cancelled { reason: "r".into() }),
+        2 => decision,
+    ]
+}
+
+fn any_move() -> impl Strategy<Value = Move> {
+    prop_oneof![
+        4 => (0usize..4, proptest::option::of(1i64..6), 0i64..40_000, any_body())
+            .prop_map(|(op, seq, dt, body)| Move::Event { op, seq, dt, body }),
+        1 => (0i64..400_000).prop_map(|dt| Move::Clock { dt }),
+    ]
+}
+
+/// The invariant of SPEC §11, and the entity bookkeeping it relies on
+/// (every operation counted with its entity; the open list is exactly the
+/// requested, not terminal operations).
+fn check_invariant(engine: &MemoryEngine, after: &str) -> Result<(), TestCaseError> {
+    use reconciler::core::Status;
+    for op in engine.ops.values() {
+        prop_assert!(
+            op.status == Status::ManualReview || op.timer_at.is_some(),
+            "after {}: {} is {:?} without a timer: {:?}",
+            after,
+            op.operation_id,
+            op.status,
+            op
+        );
+    }
+    for (id, entity) in &engine.entities {
+        let ops: Vec<&OperationState> = engine.ops.values().filter(|o| &o.entity_id == id).collect();
+        prop_assert_eq!(entity.operations as usize, ops.len(), "after {}: operations of {}", after, id);
+        let mut open: Vec<&str> = entity.open.iter().map(|o| o.operation_id.as_str()).collect();
+        let mut want: Vec<&str> = ops
+            .iter()
+            .filter(|o| o.request.is_some() && !o.status.is_terminal())
+            .map(|o| o.operation_id.as_str())
+            .collect();
+        open.sort();
+        want.sort();
+        prop_assert_eq!(open, want, "after {}: open operations of {}", after, id);
+    }
+    for op in engine.ops.values() {
+        prop_assert!(engine.entities.contains_key(&op.entity_id), "after {}: {} has no entity", after, op.operation_id);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// After every applied event (timers included) each operation is
+    /// terminal, in MANUAL_REVIEW, or has a pending timer; firing every
+    /// timer until none is due leaves only terminal, removed or review
+    /// cases behind.
+    #[test]
+    fn every_open_operation_has_a_timer(moves in proptest::collection::vec(any_move(), 1..60)) {
+        use reconciler::core::event::SourcePos;
+        let policy = Policy { retention_ms: 3_600_000, ..Policy::default() };
+        let mut engine = MemoryEngine::new();
+        let mut out = Vec::new();
+        let (mut now, mut offset, mut n) = (BASE, 0i64, 0usize);
+        let mut next_pos = || { offset += 1; SourcePos { partition: 0, offset } };
+        let fire = |engine: &mut MemoryEngine, until: i64, out: &mut Vec<Output>, pos: &mut dyn FnMut() -> SourcePos| -> Result<(), TestCaseError> {
+            loop {
+                let due = engine.due_timers(until);
+                if due.is_empty() { return Ok(()); }
+                for ev in due {
+                    let what = format!("timer {} of {}", ev.event_id, ev.operation_id);
+                    engine.process(&policy, ev, pos(), out);
+                    check_invariant(engine, &what)?;
+                }
+            }
+        };
+        for m in moves {
+            match m {
+                Move::Event { op, seq, dt, body } => {
+                    now += dt;
+                    n += 1;
+                    let ev = Event {
+                        event_id: format!("e{n}"),
+                        operation_id: format!("op-{op}"),
+                        entity_id: format!("cust-{}", op % 2),
+                        operation_type: "sync_customer".into(),
+                        seq,
+                        occurred_at: now,
+                        producer: "prop".into(),
+                        body,
+                    };
+                    let what = format!("{} {:?} of op-{op}", ev.event_id, ev.body.name());
+                    engine.process(&policy, ev, next_pos(), &mut out);
+                    check_invariant(&engine, &what)?;
+                }
+                Move::Clock { dt } => {
+                    now += dt;
+                    fire(&mut engine, now, &mut out, &mut next_pos)?;
+                }
+            }
+        }
+        // Nothing is left waiting forever: once every timer has fired,
+        // what remains is with a person.
+        fire(&mut engine, i64::MAX / 2, &mut out, &mut next_pos)?;
+        for op in engine.ops.values() {
+            prop_assert_eq!(op.status, reconciler::core::Status::ManualReview, "{:?}", op);
+        }
+    }
+}

@@ -9,8 +9,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::deadline;
 use super::event::{Body, Event, SourcePos};
-use super::operation::{EntityState, HeldEvent, OperationState, SeqRecord};
-use super::output::{AnomalyKind, Output, Status};
+use super::operation::{EntityState, HeldEvent, OperationState, SeqRecord, Trigger};
+use super::output::{AnomalyKind, Output, Status, Supersession};
 use super::policy::Policy;
 use super::verdict::anomaly;
 
@@ -49,12 +49,44 @@ impl Disposition {
     }
 }
 
+/// What applying one event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// How the event was accounted for.
+    pub disposition: Disposition,
+    /// Operations of the entity the event's request replaces (older ones,
+    /// or the request's own when a newer version is already open): the
+    /// driver loads each and hands it to [`supersede`], in order.
+    pub supersede: Vec<Supersede>,
+}
+
+/// A request for a higher version replaces an older operation of the same
+/// entity, operation type and destination (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Supersede {
+    /// The older operation.
+    pub operation_id: String,
+    /// The newer one.
+    pub by: Supersession,
+    /// The `Requested` just applied (of either): the verdict's trigger.
+    pub trigger_event_id: String,
+    pub at: i64,
+    pub pos: SourcePos,
+}
+
+impl Step {
+    fn only(disposition: Disposition) -> Step {
+        Step { disposition, supersede: Vec::new() }
+    }
+}
+
 /// Applies one event to its operation (`slot`, `None` if unknown) and the
 /// entity's shared facts, appending every decision to `out`.
 ///
 /// Pure: the result depends only on the arguments. Afterwards
 /// `slot.timer_at` is the operation's next timer (or the slot is `None` when
-/// the operation left retention).
+/// the operation left retention), and the entity's facts account for the
+/// operation (`entity.is_unused()` says when they can be removed too).
 pub fn apply(
     policy: &Policy,
     slot: &mut Option<OperationState>,
@@ -62,33 +94,118 @@ pub fn apply(
     mut ev: Event,
     pos: SourcePos,
     out: &mut Vec<Output>,
-) -> Disposition {
+) -> Step {
     redact_body(policy, &mut ev.body);
     if let Body::DeadlineReached { deadline } = ev.body {
         let Some(op) = slot.as_mut() else {
-            return Disposition::Ignored;
+            return Step::only(Disposition::Ignored);
         };
         // Timers are idempotent by time and never deduplicated by id: the
         // same due time can come round again (a re-armed deadline, a new
         // gap with the same window end), and a timer firing twice (a
         // restart between publishing and consuming it) changes nothing.
         if deadline::on_timer(op, policy, entity, &ev, pos, deadline, out) {
+            entity.forget(&op.operation_id);
             *slot = None;
         } else {
             op.timer_at = deadline::next_timer(op, policy);
+            entity.track(op);
         }
-        return Disposition::Applied;
+        return Step::only(Disposition::Applied);
     }
-    let op = slot.get_or_insert_with(|| OperationState::new(&ev));
+    if let Some(op) = slot.as_mut().filter(|op| op.entity_id != ev.entity_id) {
+        // The operation belongs to another entity: its facts (and the
+        // supersede rule) must not mix. Recorded, nothing applied.
+        let detail = format!(
+            "{} names entity {}, but operation {} belongs to entity {}.",
+            ev.body.name(),
+            ev.entity_id,
+            op.operation_id,
+            op.entity_id
+        );
+        out.push(Output::Anomaly(anomaly(AnomalyKind::InvalidTransition, op, &ev, pos, detail, Vec::new())));
+        return Step::only(Disposition::Anomalous);
+    }
+    // A request may replace older operations of the entity (or be replaced
+    // by a newer one): only worth a copy of its id when there are others.
+    let request = match &ev.body {
+        Body::Requested(_) if entity.open.iter().any(|o| o.operation_id != ev.operation_id) => {
+            Some(ev.event_id.clone())
+        }
+        _ => None,
+    };
+    let op = match slot {
+        Some(op) => op,
+        None => {
+            entity.operations += 1;
+            slot.insert(OperationState::new(&ev))
+        }
+    };
     if !op.seen_event_ids.insert(ev.event_id.clone()) {
-        return duplicate_delivery(op, &ev, pos, out);
+        return Step::only(duplicate_delivery(op, &ev, pos, out));
     }
+    let at = ev.occurred_at;
     // Event time moves with every event: give up gaps whose window closed.
-    expire_held(op, policy, entity, ev.occurred_at, pos, out);
+    expire_held(op, policy, entity, at, pos, out);
     let disposition = admit(op, policy, entity, ev, pos, out, true);
     drain(op, policy, entity, out);
+    let supersede = match (request, disposition) {
+        (Some(event_id), Disposition::Applied) => superseded(op, entity, &event_id, at, pos),
+        _ => Vec::new(),
+    };
     op.timer_at = deadline::next_timer(op, policy);
-    disposition
+    entity.track(op);
+    Step { disposition, supersede }
+}
+
+/// SPEC §11: the operations a just applied request replaces. When an open
+/// operation of the same entity, type and destination expects a higher
+/// version, the request itself is the older one: it is replaced at once.
+fn superseded(op: &OperationState, entity: &EntityState, event_id: &str, at: i64, pos: SourcePos) -> Vec<Supersede> {
+    let Some(req) = op.request.as_ref() else { return Vec::new() };
+    let Some(version) = req.expected_version else { return Vec::new() };
+    let same: Vec<_> = entity
+        .open
+        .iter()
+        .filter(|o| {
+            o.operation_id != op.operation_id
+                && o.operation_type == op.operation_type
+                && o.destination == req.destination
+        })
+        .filter_map(|o| o.expected_version.map(|v| (v, &o.operation_id)))
+        .collect();
+    let supersede = |target: &str, by: Supersession| Supersede {
+        operation_id: target.to_owned(),
+        by,
+        trigger_event_id: event_id.to_owned(),
+        at,
+        pos,
+    };
+    if let Some((v, id)) = same.iter().filter(|(v, _)| *v > version).max() {
+        let by = Supersession { operation_id: (*id).clone(), expected_version: Some(*v) };
+        return vec![supersede(&op.operation_id, by)];
+    }
+    let by = Supersession { operation_id: op.operation_id.clone(), expected_version: Some(version) };
+    same.iter().filter(|(v, _)| *v < version).map(|(_, id)| supersede(id, by.clone())).collect()
+}
+
+/// Applies `s` to the operation it names (`slot`, loaded by the driver
+/// from the same partition): an open one is closed NOT_APPLICABLE / CLOSE,
+/// one in review is marked. Returns whether it changed (the driver then
+/// notes it in the operation's timeline).
+pub fn supersede(
+    policy: &Policy,
+    slot: &mut Option<OperationState>,
+    entity: &mut EntityState,
+    s: &Supersede,
+    out: &mut Vec<Output>,
+) -> bool {
+    let Some(op) = slot.as_mut() else { return false };
+    let trigger = Trigger { event_id: &s.trigger_event_id, at: s.at, pos: s.pos };
+    let changed = op.supersede(policy, &s.by, trigger, out);
+    op.timer_at = deadline::next_timer(op, policy);
+    entity.track(op);
+    changed
 }
 
 fn duplicate_delivery(op: &mut OperationState, ev: &Event, pos: SourcePos, out: &mut Vec<Output>) -> Disposition {

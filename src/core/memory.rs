@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::detect::{apply, Disposition};
+use super::detect::{apply, supersede, Disposition};
 use super::event::{Event, SourcePos};
 use super::operation::{EntityState, OperationState};
 use super::output::Output;
@@ -25,19 +25,28 @@ impl MemoryEngine {
         Self::default()
     }
 
-    /// Applies one event, appending its outputs to `out`.
+    /// Applies one event, appending its outputs to `out`: the event's own,
+    /// then those of the older operations its request supersedes.
     pub fn process(&mut self, policy: &Policy, ev: Event, pos: SourcePos, out: &mut Vec<Output>) -> Disposition {
         let mut slot = self.ops.remove(&ev.operation_id);
         let op_id = ev.operation_id.clone();
-        if !self.entities.contains_key(&ev.entity_id) {
-            self.entities.insert(ev.entity_id.clone(), EntityState::default());
-        }
-        let entity = self.entities.get_mut(&ev.entity_id).expect("inserted above");
-        let d = apply(policy, &mut slot, entity, ev, pos, out);
+        let entity_id = ev.entity_id.clone();
+        let entity = self.entities.entry(entity_id.clone()).or_default();
+        let step = apply(policy, &mut slot, entity, ev, pos, out);
         if let Some(op) = slot {
             self.ops.insert(op_id, op);
         }
-        d
+        for s in &step.supersede {
+            let mut older = self.ops.remove(&s.operation_id);
+            supersede(policy, &mut older, entity, s, out);
+            if let Some(op) = older {
+                self.ops.insert(s.operation_id.clone(), op);
+            }
+        }
+        if entity.is_unused() {
+            self.entities.remove(&entity_id);
+        }
+        step.disposition
     }
 
     /// The due timers at event time `now`, as the pipeline's wheel would

@@ -16,8 +16,11 @@ pub mod policy;
 pub mod redact;
 pub mod verdict;
 
-pub use detect::{apply, Disposition};
+pub use detect::{apply, supersede, Disposition, Step, Supersede};
 pub use event::{Body, Event, SourcePos};
-pub use operation::{DecisionRefusal, EntityState, OperationState};
-pub use output::{Action, Anomaly, AnomalyKind, Outcome, Output, RepairCommand, Status, Verdict};
+pub use operation::{DecisionRefusal, EntityState, FollowUp, OpenOperation, OperationState};
+pub use output::{
+    Action, Anomaly, AnomalyKind, Escalation, Outcome, Output, RepairAction, RepairCommand, Status, Supersession,
+    Verdict,
+};
 pub use policy::{Policy, TypePolicy};

@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::event::{Body, Decision, EffectObserved, ErrorClass, Event, Requested, SourcePos};
-use super::output::{Action, AnomalyKind, ManualDecisionRecord, Outcome, Output, Status};
+use super::output::{
+    Action, AnomalyKind, Escalation, ManualDecisionRecord, Outcome, Output, RepairAction, Status, Supersession,
+};
 use super::policy::Policy;
 use super::verdict::{self, VerdictDraft};
 
@@ -66,7 +68,9 @@ pub struct OperationState {
     /// Confirmation deadline (event time); moves when a new attempt starts
     /// after an overdue verdict, or after a manual requeue.
     pub deadline_at: Option<i64>,
-    /// The current deadline has produced its overdue verdict.
+    /// The confirmation deadline is spent: it produced its overdue verdict,
+    /// or a machine action's follow-up took its place. New evidence of an
+    /// attempt opens a new window.
     pub overdue_judged: bool,
     /// The next seq that may be applied.
     pub next_seq: i64,
@@ -99,6 +103,38 @@ pub struct OperationState {
     pub manual: Option<ManualDecisionRecord>,
     /// The timer currently indexed for this operation (see `deadline`).
     pub timer_at: Option<i64>,
+    /// The follow-up armed by the last PROBE or REQUEUE verdict; new
+    /// evidence for the operation cancels it (SPEC §11).
+    pub follow_up: Option<FollowUp>,
+    /// Automatic requeues so far (REQUEUE verdicts not decided by a person).
+    pub requeues: u32,
+    /// The retry a worker scheduled (`AttemptFailed.next_attempt_at`) while
+    /// the operation waits for it in RETRY_SCHEDULED.
+    pub next_attempt_at: Option<i64>,
+    /// A newer request of the same entity, type and destination replaced
+    /// this operation: it was closed, or (in review) marked.
+    pub superseded_by: Option<Supersession>,
+}
+
+/// What the reconciler does if no new evidence arrives for an operation
+/// after a machine action was recommended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowUp {
+    /// Event time of the follow-up.
+    pub at: i64,
+    /// The action it follows up: an unanswered probe escalates to review,
+    /// a requeue nobody picked up is requeued again (up to the limit).
+    pub action: RepairAction,
+}
+
+/// An operation of an entity that was requested and is not terminal (open
+/// or in review): what the supersede rule compares a new request with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenOperation {
+    pub operation_id: String,
+    pub operation_type: String,
+    pub destination: String,
+    pub expected_version: Option<i64>,
 }
 
 /// Facts about an entity shared by all its operations.
@@ -106,28 +142,73 @@ pub struct OperationState {
 pub struct EntityState {
     /// Highest version confirmed for the entity by any operation.
     pub confirmed_version: Option<i64>,
+    /// Operations of the entity in the store: its facts are removed with
+    /// the last of them (SPEC §9, bounded state).
+    pub operations: u32,
+    /// Its requested, not yet terminal operations.
+    pub open: Vec<OpenOperation>,
+}
+
+impl EntityState {
+    /// Whether nothing refers to the entity any more (its facts can go).
+    pub fn is_unused(&self) -> bool {
+        self.operations == 0
+    }
+
+    /// Updates the entry of `op` in the open list after it changed.
+    pub(crate) fn track(&mut self, op: &OperationState) {
+        let req = op.request.as_ref().filter(|_| !op.status.is_terminal());
+        let i = self.open.iter().position(|o| o.operation_id == op.operation_id);
+        match (req, i) {
+            (Some(_), Some(_)) | (None, None) => {}
+            (Some(r), None) => self.open.push(OpenOperation {
+                operation_id: op.operation_id.clone(),
+                operation_type: op.operation_type.clone(),
+                destination: r.destination.clone(),
+                expected_version: r.expected_version,
+            }),
+            (None, Some(i)) => {
+                self.open.remove(i);
+            }
+        }
+    }
+
+    /// Forgets an operation that left the store.
+    pub(crate) fn forget(&mut self, operation_id: &str) {
+        self.operations = self.operations.saturating_sub(1);
+        self.open.retain(|o| o.operation_id != operation_id);
+    }
 }
 
 /// Why a manual decision cannot be applied to an operation. The operator
 /// tools check a decision with [`OperationState::check_decision`] before
 /// publishing it, and the core refuses the same decisions when it consumes
 /// them: one rule, in one place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecisionRefusal {
-    /// Decisions apply only to operations waiting in manual review.
-    NotInReview { status: Status },
+    /// Decisions apply only to open operations (requested, not terminal):
+    /// waiting for evidence, for a machine action, or in manual review.
+    NotOpen { status: Status },
     /// SPEC §6: COMPENSATE belongs to a DUPLICATE_EFFECT verdict only; other
     /// wrong effects are undone by a `Compensated` business event.
     CompensateWithoutDuplicate { last: Option<Outcome> },
+    /// SPEC §11: an operation replaced by a newer version is never requeued.
+    RequeueSuperseded { by: Supersession },
 }
 
 impl std::fmt::Display for DecisionRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DecisionRefusal::NotInReview { status } => write!(
+            DecisionRefusal::NotOpen { status } => write!(
                 f,
-                "the operation is in state {}; manual decisions apply only to operations in MANUAL_REVIEW",
+                "the operation is in state {}; manual decisions apply only to open operations (requested, not yet confirmed, compensated or closed)",
                 status.as_str()
+            ),
+            DecisionRefusal::RequeueSuperseded { by } => write!(
+                f,
+                "operation {} requested {} since: a superseded operation is never requeued",
+                by.operation_id,
+                describe_version(by.expected_version)
             ),
             DecisionRefusal::CompensateWithoutDuplicate { last } => write!(
                 f,
@@ -141,14 +222,23 @@ impl std::fmt::Display for DecisionRefusal {
 impl OperationState {
     /// Whether `decision` may be applied now (see [`DecisionRefusal`]).
     pub fn check_decision(&self, decision: Decision) -> Result<(), DecisionRefusal> {
-        if self.status != Status::ManualReview {
-            return Err(DecisionRefusal::NotInReview { status: self.status });
+        if !self.is_open() {
+            return Err(DecisionRefusal::NotOpen { status: self.status });
         }
         let last = self.last_verdict.as_ref().map(|v| v.outcome);
         if decision == Decision::Compensate && last != Some(Outcome::DuplicateEffect) {
             return Err(DecisionRefusal::CompensateWithoutDuplicate { last });
         }
+        if let (Decision::Requeue, Some(by)) = (decision, &self.superseded_by) {
+            return Err(DecisionRefusal::RequeueSuperseded { by: by.clone() });
+        }
         Ok(())
+    }
+
+    /// Requested and not terminal: waiting for evidence, for a machine
+    /// action, or in manual review.
+    pub fn is_open(&self) -> bool {
+        self.awaits_evidence() || self.status == Status::ManualReview
     }
 
     /// A new, not yet requested operation, named by its first event.
@@ -181,6 +271,10 @@ impl OperationState {
             last_verdict: None,
             manual: None,
             timer_at: None,
+            follow_up: None,
+            requeues: 0,
+            next_attempt_at: None,
+            superseded_by: None,
         }
     }
 
@@ -196,6 +290,13 @@ impl OperationState {
         } else if !self.status.is_terminal() || self.terminal_at.is_none() {
             self.terminal_at = Some(at);
         }
+        if !status.awaits_evidence() {
+            // Settled or with a person: nothing for a machine to follow up.
+            self.follow_up = None;
+        }
+        // A scheduled retry belongs to the failure that announced it
+        // (`attempt_failed` sets it again after this).
+        self.next_attempt_at = None;
         self.status = status;
     }
 
@@ -208,11 +309,35 @@ impl OperationState {
         self.request.as_ref().is_some_and(|r| r.idempotent)
     }
 
+    /// The resolved confirmation window (0 before the request).
+    fn window(&self) -> i64 {
+        self.request.as_ref().map_or(0, |r| r.confirm_within_ms)
+    }
+
     fn rearm_deadline(&mut self, from: i64) {
         if let Some(r) = &self.request {
             self.deadline_at = Some(from.saturating_add(r.confirm_within_ms));
             self.overdue_judged = false;
         }
+    }
+
+    /// New evidence of an attempt (Started, AttemptFailed, OutcomeUnknown):
+    /// it answers any follow-up, and after an overdue verdict or a machine
+    /// action it opens a new confirmation window from its own time.
+    fn new_attempt_evidence(&mut self, at: i64) {
+        self.follow_up = None;
+        if self.overdue_judged {
+            self.rearm_deadline(at);
+        }
+    }
+
+    /// Arms the follow-up of a PROBE or REQUEUE verdict decided at `at`.
+    /// The confirmation deadline has done its part: until new evidence
+    /// arrives the follow-up is the operation's only timer.
+    fn arm_follow_up(&mut self, policy: &Policy, action: RepairAction, at: i64) {
+        let window = policy.follow_up(&self.operation_type, self.window());
+        self.follow_up = Some(FollowUp { at: at.saturating_add(window), action });
+        self.overdue_judged = true;
     }
 
     /// Applies an admitted event's body. Returns false when the body cannot
@@ -228,6 +353,7 @@ impl OperationState {
         let at = ev.occurred_at;
         let status = self.status;
         let open = self.awaits_evidence();
+        let trigger = Trigger::of(ev, pos);
         match &ev.body {
             Body::Requested(r) => {
                 if status != Status::Unrequested {
@@ -239,22 +365,28 @@ impl OperationState {
                 if !open {
                     return false;
                 }
+                self.new_attempt_evidence(at);
                 self.attempts = self.attempts.max(*attempt);
                 self.started = true;
-                if self.overdue_judged {
-                    self.rearm_deadline(at);
-                }
                 self.set_status(Status::Processing, at);
             }
-            Body::AttemptFailed { attempt, error_class, error_code, .. } => {
+            Body::AttemptFailed { attempt, error_class, error_code, next_attempt_at, .. } => {
                 if !open {
                     return false;
                 }
+                self.new_attempt_evidence(at);
                 self.attempts = self.attempts.max(*attempt);
                 self.started = true;
                 let max = self.request.as_ref().map_or(1, |r| r.max_attempts);
                 if *error_class == ErrorClass::Transient && self.attempts < max {
                     self.set_status(Status::RetryScheduled, at);
+                    if let Some(next) = *next_attempt_at {
+                        // SPEC §11: not overdue before the scheduled retry
+                        // has had its own confirmation window.
+                        self.next_attempt_at = Some(next);
+                        let after_retry = next.saturating_add(self.window());
+                        self.deadline_at = Some(self.deadline_at.map_or(after_retry, |d| d.max(after_retry)));
+                    }
                 } else {
                     self.set_status(Status::ManualReview, at);
                     let reason = if *error_class == ErrorClass::Permanent {
@@ -262,13 +394,14 @@ impl OperationState {
                     } else {
                         format!("Attempt {attempt} failed ({error_code}) and the limit of {max} attempts is reached: the effect does not exist.")
                     };
-                    self.verdict(policy, ev, pos, Outcome::Missing, Action::ManualReview, reason, out);
+                    self.verdict(policy, trigger, Outcome::Missing, Action::ManualReview, reason, out);
                 }
             }
             Body::OutcomeUnknown { attempt, .. } => {
                 if !open {
                     return false;
                 }
+                self.new_attempt_evidence(at);
                 self.attempts = self.attempts.max(*attempt);
                 self.started = true;
                 self.set_status(Status::AwaitingConfirmation, at);
@@ -280,14 +413,16 @@ impl OperationState {
                 }
                 let source = verdict::source_name(*source);
                 if self.idempotent() || !self.started {
-                    self.set_status(Status::RetryScheduled, at);
                     let why = if self.idempotent() { "the operation is idempotent" } else { "it was never started" };
-                    let reason = format!("A {source} found no effect; requeue is safe because {why}.");
-                    self.verdict(policy, ev, pos, Outcome::Missing, Action::Requeue, reason, out);
+                    let requeue = format!("A {source} found no effect; requeue is safe because {why}.");
+                    let escalate = |n| {
+                        format!("A {source} found no effect, and the operation was already requeued {n} time(s), the limit: a person must decide.")
+                    };
+                    self.requeue_or_escalate(policy, trigger, requeue, escalate, out);
                 } else {
                     self.set_status(Status::ManualReview, at);
                     let reason = format!("A {source} found no effect, but the operation is not idempotent and was attempted: a person must decide.");
-                    self.verdict(policy, ev, pos, Outcome::Missing, Action::ManualReview, reason, out);
+                    self.verdict(policy, trigger, Outcome::Missing, Action::ManualReview, reason, out);
                 }
             }
             Body::Compensated { .. } => {
@@ -303,7 +438,7 @@ impl OperationState {
                 }
                 self.set_status(Status::NotApplicable, at);
                 let reason = format!("Cancelled: {reason}.");
-                self.verdict(policy, ev, pos, Outcome::NotApplicable, Action::Close, reason, out);
+                self.verdict(policy, trigger, Outcome::NotApplicable, Action::Close, reason, out);
             }
             Body::ManualDecision { actor, decision, note, evidence_checked } => {
                 if self.check_decision(*decision).is_err() {
@@ -333,12 +468,14 @@ impl OperationState {
                         entity.confirmed_version = entity.confirmed_version.max(Some(v));
                     }
                 }
-                if *decision == Decision::Requeue {
-                    self.rearm_deadline(at);
-                }
                 self.set_status(new_status, at);
+                if *decision == Decision::Requeue {
+                    // A person's requeue is followed up like the machine's
+                    // (it is not one of the automatic ones it counts).
+                    self.arm_follow_up(policy, RepairAction::Requeue, at);
+                }
                 let reason = format!("{actor} {what} after manual review: {note}");
-                self.verdict(policy, ev, pos, outcome, action, reason, out);
+                self.verdict(policy, trigger, outcome, action, reason, out);
                 self.manual = None;
             }
             // Timers are handled by `apply` before admission; one never
@@ -375,9 +512,9 @@ impl OperationState {
         out: &mut Vec<Output>,
     ) -> bool {
         let at = ev.occurred_at;
-        if matches!(self.status, Status::Compensated | Status::NotApplicable | Status::Closed | Status::Unrequested) {
-            return false;
-        }
+        // An older version reaching the destination after a newer one was
+        // confirmed is worth knowing whatever became of this operation
+        // (a superseded one included): the destination may now hold it.
         if let (Some(v), Some(c)) = (o.observed_version, entity.confirmed_version) {
             if v < c {
                 let detail = format!(
@@ -394,6 +531,10 @@ impl OperationState {
                 )));
             }
         }
+        if matches!(self.status, Status::Compensated | Status::NotApplicable | Status::Closed | Status::Unrequested) {
+            return false;
+        }
+        let trigger = Trigger::of(ev, pos);
         let source = verdict::source_name(o.source);
         let new_remote = o.remote_id.as_ref().filter(|rid| !self.remote_ids.contains(rid));
         if self.status == Status::Confirmed && new_remote.is_none() {
@@ -416,7 +557,7 @@ impl OperationState {
                         "A {source} found the effect a second time under remote id {rid} (first: {}): it exists more than once.",
                         self.remote_ids[0]
                     );
-                    self.verdict(policy, ev, pos, Outcome::DuplicateEffect, Action::Compensate, reason, out);
+                    self.verdict(policy, trigger, Outcome::DuplicateEffect, Action::Compensate, reason, out);
                     return true;
                 }
             }
@@ -443,58 +584,146 @@ impl OperationState {
             entity.confirmed_version = entity.confirmed_version.max(confirmed);
             self.set_status(Status::Confirmed, at);
             let reason = format!("A {source} found the effect with {expected} as expected.");
-            self.verdict(policy, ev, pos, Outcome::Correct, Action::None, reason, out);
+            self.verdict(policy, trigger, Outcome::Correct, Action::None, reason, out);
         } else {
             self.set_status(Status::ManualReview, at);
             let observed = describe_expectation(o.observed_version, o.observed_fingerprint.as_deref());
             let reason = format!("A {source} found the effect with {observed} where {expected} was expected: never overwritten automatically.");
-            self.verdict(policy, ev, pos, Outcome::Divergent, Action::ManualReview, reason, out);
+            self.verdict(policy, trigger, Outcome::Divergent, Action::ManualReview, reason, out);
         }
         true
+    }
+
+    /// A MISSING / REQUEUE verdict (`requeue` says why), unless the
+    /// operation was requeued automatically `max_requeues` times in all
+    /// already: then MISSING / MANUAL_REVIEW (`escalate` of that count says
+    /// why). SPEC §11.
+    fn requeue_or_escalate(
+        &mut self,
+        policy: &Policy,
+        trigger: Trigger<'_>,
+        requeue: String,
+        escalate: impl FnOnce(u32) -> String,
+        out: &mut Vec<Output>,
+    ) {
+        let at = trigger.at;
+        if self.requeues < policy.max_requeues(&self.operation_type) {
+            self.requeues += 1;
+            self.set_status(Status::RetryScheduled, at);
+            self.arm_follow_up(policy, RepairAction::Requeue, at);
+            self.verdict(policy, trigger, Outcome::Missing, Action::Requeue, requeue, out);
+        } else {
+            self.overdue_judged = true;
+            self.set_status(Status::ManualReview, at);
+            let reason = escalate(self.requeues);
+            let draft = VerdictDraft::new(trigger, Outcome::Missing, Action::ManualReview, reason)
+                .escalated(Escalation::RequeuesExhausted);
+            verdict::emit(self, policy, draft, out);
+        }
     }
 
     /// The overdue verdict of SPEC §7, when a confirmation deadline is reached.
     pub(crate) fn judge_overdue(&mut self, policy: &Policy, ev: &Event, pos: SourcePos, out: &mut Vec<Output>) {
         let at = ev.occurred_at;
+        let trigger = Trigger::of(ev, pos);
         let idempotent = self.idempotent();
         let has_key = self.request.as_ref().is_some_and(|r| r.idempotency_key.is_some());
-        let window = self.request.as_ref().map_or(0, |r| r.confirm_within_ms);
-        let (status, outcome, action, reason) = match self.status {
-            Status::Pending => (
-                Status::RetryScheduled,
-                Outcome::Missing,
-                Action::Requeue,
-                format!("Never started within {window} ms of the request: requeue is safe."),
-            ),
-            Status::Processing | Status::RetryScheduled if idempotent => (
-                Status::RetryScheduled,
-                Outcome::Missing,
-                Action::Requeue,
-                format!("No effect confirmed within {window} ms after {} attempt(s); the operation is idempotent, so requeue.", self.attempts),
-            ),
-            Status::Processing | Status::RetryScheduled => (
-                Status::ManualReview,
-                Outcome::Ambiguous,
-                Action::ManualReview,
-                format!("No effect confirmed within {window} ms after {} attempt(s), and the operation is not idempotent: a retry could duplicate it.", self.attempts),
-            ),
-            Status::AwaitingConfirmation if has_key => (
-                Status::AwaitingConfirmation,
-                Outcome::Ambiguous,
-                Action::Probe,
-                format!("The outcome of attempt {} is unknown after {window} ms: probe the destination with the idempotency key.", self.attempts),
-            ),
-            Status::AwaitingConfirmation => (
-                Status::ManualReview,
-                Outcome::Ambiguous,
-                Action::ManualReview,
-                format!("The outcome of attempt {} is unknown after {window} ms and there is no idempotency key to probe with.", self.attempts),
-            ),
-            _ => return,
-        };
+        let window = self.window();
+        let attempts = self.attempts;
         self.overdue_judged = true;
-        self.set_status(status, at);
-        self.verdict(policy, ev, pos, outcome, action, reason, out);
+        match self.status {
+            Status::Pending => self.requeue_or_escalate(
+                policy,
+                trigger,
+                format!("Never started within {window} ms of the request: requeue is safe."),
+                |n| format!("Never started within {window} ms of the request, and already requeued {n} time(s), the limit: a person must decide."),
+                out,
+            ),
+            Status::Processing | Status::RetryScheduled if idempotent => self.requeue_or_escalate(
+                policy,
+                trigger,
+                format!("No effect confirmed within {window} ms after {attempts} attempt(s); the operation is idempotent, so requeue."),
+                |n| format!("No effect confirmed within {window} ms after {attempts} attempt(s), and already requeued {n} time(s), the limit: a person must decide."),
+                out,
+            ),
+            Status::Processing | Status::RetryScheduled => {
+                self.set_status(Status::ManualReview, at);
+                let reason = format!("No effect confirmed within {window} ms after {attempts} attempt(s), and the operation is not idempotent: a retry could duplicate it.");
+                self.verdict(policy, trigger, Outcome::Ambiguous, Action::ManualReview, reason, out);
+            }
+            Status::AwaitingConfirmation if has_key => {
+                self.set_status(Status::AwaitingConfirmation, at);
+                self.arm_follow_up(policy, RepairAction::Probe, at);
+                let reason = format!("The outcome of attempt {attempts} is unknown after {window} ms: probe the destination with the idempotency key.");
+                self.verdict(policy, trigger, Outcome::Ambiguous, Action::Probe, reason, out);
+            }
+            Status::AwaitingConfirmation => {
+                self.set_status(Status::ManualReview, at);
+                let reason = format!("The outcome of attempt {attempts} is unknown after {window} ms and there is no idempotency key to probe with.");
+                self.verdict(policy, trigger, Outcome::Ambiguous, Action::ManualReview, reason, out);
+            }
+            _ => {}
+        }
+    }
+
+    /// A follow-up came due with no new evidence since the PROBE or REQUEUE
+    /// verdict that armed it (SPEC §11): an unanswered probe goes to a
+    /// person; a requeue nobody picked up is requeued again, up to the limit.
+    pub(crate) fn follow_up_due(&mut self, policy: &Policy, ev: &Event, pos: SourcePos, out: &mut Vec<Output>) {
+        let Some(f) = self.follow_up.take() else { return };
+        let trigger = Trigger::of(ev, pos);
+        let window = policy.follow_up(&self.operation_type, self.window());
+        match f.action {
+            RepairAction::Probe => {
+                self.set_status(Status::ManualReview, trigger.at);
+                let reason = format!("The probe was not answered within {window} ms (no new evidence for the operation): a person must decide.");
+                let draft = VerdictDraft::new(trigger, Outcome::Ambiguous, Action::ManualReview, reason)
+                    .escalated(Escalation::ProbeUnanswered);
+                verdict::emit(self, policy, draft, out);
+            }
+            RepairAction::Requeue => self.requeue_or_escalate(
+                policy,
+                trigger,
+                format!("No new attempt started within {window} ms of the requeue: requeue again."),
+                |n| format!("Requeued {n} time(s), no new attempt started within {window} ms of the last requeue: a person must decide."),
+                out,
+            ),
+        }
+    }
+
+    /// SPEC §11: a newer request of the same entity, operation type and
+    /// destination (`by`, triggered by its Requested) replaced this
+    /// operation. Open, it is closed NOT_APPLICABLE / CLOSE and never
+    /// requeued; in review it stays there, marked. Returns whether the
+    /// operation changed.
+    pub(crate) fn supersede(
+        &mut self,
+        policy: &Policy,
+        by: &Supersession,
+        trigger: Trigger<'_>,
+        out: &mut Vec<Output>,
+    ) -> bool {
+        if self.status == Status::ManualReview {
+            if self.superseded_by.is_some() {
+                return false;
+            }
+            self.superseded_by = Some(by.clone());
+            return true;
+        }
+        if !self.awaits_evidence() {
+            return false;
+        }
+        self.superseded_by = Some(by.clone());
+        self.set_status(Status::NotApplicable, trigger.at);
+        let mine = self.request.as_ref().and_then(|r| r.expected_version);
+        let reason = format!(
+            "Superseded by operation {}, which requested {} of the same entity and destination ({} here): closed, never requeued.",
+            by.operation_id,
+            describe_version(by.expected_version),
+            describe_version(mine)
+        );
+        self.verdict(policy, trigger, Outcome::NotApplicable, Action::Close, reason, out);
+        true
     }
 
     /// Marks the operation for review after a conflicting transition.
@@ -510,21 +739,33 @@ impl OperationState {
             return;
         }
         self.set_status(Status::ManualReview, ev.occurred_at);
-        self.verdict(policy, ev, pos, Outcome::Ambiguous, Action::ManualReview, reason, out);
+        self.verdict(policy, Trigger::of(ev, pos), Outcome::Ambiguous, Action::ManualReview, reason, out);
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn verdict(
         &mut self,
         policy: &Policy,
-        ev: &Event,
-        pos: SourcePos,
+        trigger: Trigger<'_>,
         outcome: Outcome,
         action: Action,
         reason: String,
         out: &mut Vec<Output>,
     ) {
-        verdict::emit(self, policy, VerdictDraft { trigger: ev, pos, outcome, action, reason }, out);
+        verdict::emit(self, policy, VerdictDraft::new(trigger, outcome, action, reason), out);
+    }
+}
+
+/// What decided a verdict: an event (its id and time) at a log position.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trigger<'a> {
+    pub event_id: &'a str,
+    pub at: i64,
+    pub pos: SourcePos,
+}
+
+impl<'a> Trigger<'a> {
+    pub fn of(ev: &'a Event, pos: SourcePos) -> Trigger<'a> {
+        Trigger { event_id: &ev.event_id, at: ev.occurred_at, pos }
     }
 }
 
@@ -535,4 +776,8 @@ fn describe_expectation(version: Option<i64>, fingerprint: Option<&str>) -> Stri
         (None, Some(f)) => format!("fingerprint {f}"),
         (None, None) => "no version or fingerprint".to_owned(),
     }
+}
+
+fn describe_version(version: Option<i64>) -> String {
+    version.map_or_else(|| "no version".to_owned(), |v| format!("version {v}"))
 }

@@ -161,6 +161,49 @@ pub struct Evidence {
     pub trigger_partition: i32,
     pub trigger_offset: i64,
     pub manual_decision: Option<ManualDecisionRecord>,
+    /// Automatic requeues of the operation so far (SPEC §11: at most
+    /// `max_requeues` in all).
+    pub requeues: i32,
+    /// When the reconciler follows up a PROBE or REQUEUE verdict if no new
+    /// evidence arrives by then (event time).
+    pub follow_up_at: Option<i64>,
+    /// The retry the worker scheduled (`AttemptFailed.next_attempt_at`),
+    /// while the operation waits for it.
+    pub next_attempt_at: Option<i64>,
+    /// The newer operation that replaced this one (SPEC §11, supersede).
+    pub superseded_by: Option<Supersession>,
+    /// Why a follow-up sent the operation to manual review.
+    pub escalation: Option<Escalation>,
+}
+
+/// A newer request that replaces an older operation: same entity,
+/// operation type and destination, higher expected version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Supersession {
+    pub operation_id: String,
+    pub expected_version: Option<i64>,
+}
+
+/// Why a follow-up escalated an operation to manual review (SPEC §11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Escalation {
+    /// A PROBE verdict got no answer (no new evidence) within the follow-up window.
+    ProbeUnanswered,
+    /// The operation was requeued `max_requeues` times and is still not confirmed.
+    RequeuesExhausted,
+}
+
+impl Escalation {
+    pub const ALL: [Escalation; 2] = [Escalation::ProbeUnanswered, Escalation::RequeuesExhausted];
+
+    /// The schema symbol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Escalation::ProbeUnanswered => "PROBE_UNANSWERED",
+            Escalation::RequeuesExhausted => "REQUEUES_EXHAUSTED",
+        }
+    }
 }
 
 /// The judgement of one operation.

@@ -11,6 +11,11 @@ use super::redact::Redactor;
 pub struct TypePolicy {
     pub confirm_within_ms: Option<i64>,
     pub max_attempts: Option<i32>,
+    /// How long after a PROBE or REQUEUE verdict the operation is followed
+    /// up (overrides [`Policy::follow_up_ms`]).
+    pub follow_up_ms: Option<i64>,
+    /// Automatic requeues allowed in all (overrides [`Policy::max_requeues`]).
+    pub max_requeues: Option<u32>,
 }
 
 /// Everything the core needs to decide, fixed for a run.
@@ -27,6 +32,13 @@ pub struct Policy {
     pub reorder_max_held: usize,
     /// How long a terminal operation is kept (event time) before removal.
     pub retention_ms: i64,
+    /// How long after a PROBE or REQUEUE verdict the operation is followed
+    /// up when no new evidence came; `None`: one confirmation window of the
+    /// operation (SPEC §11).
+    pub follow_up_ms: Option<i64>,
+    /// How many times in all an operation is requeued automatically before
+    /// it goes to manual review (SPEC §11).
+    pub max_requeues: u32,
     /// `act` mode: publish repair commands for automatable actions.
     pub act: bool,
     pub redactor: Redactor,
@@ -41,6 +53,8 @@ impl Default for Policy {
             reorder_window_ms: 30 * 1000,
             reorder_max_held: 64,
             retention_ms: 7 * 24 * 3600 * 1000,
+            follow_up_ms: None,
+            max_requeues: 2,
             act: false,
             redactor: Redactor::default(),
         }
@@ -60,5 +74,17 @@ impl Policy {
         from_event
             .or_else(|| self.types.get(operation_type).and_then(|t| t.max_attempts))
             .unwrap_or(self.default_max_attempts)
+    }
+
+    /// The follow-up window of an operation whose confirmation window is
+    /// `confirm_within_ms`: per type, else `[time] follow_up_ms`, else that
+    /// window (SPEC §11).
+    pub fn follow_up(&self, operation_type: &str, confirm_within_ms: i64) -> i64 {
+        self.types.get(operation_type).and_then(|t| t.follow_up_ms).or(self.follow_up_ms).unwrap_or(confirm_within_ms)
+    }
+
+    /// Automatic requeues allowed in all: per type, else the default.
+    pub fn max_requeues(&self, operation_type: &str) -> u32 {
+        self.types.get(operation_type).and_then(|t| t.max_requeues).unwrap_or(self.max_requeues)
     }
 }

@@ -8,8 +8,10 @@
 use uuid::Uuid;
 
 use super::event::{Event, EvidenceSource, SourcePos};
-use super::operation::{LastVerdict, OperationState};
-use super::output::{Action, Anomaly, AnomalyKind, Evidence, Outcome, Output, RepairAction, RepairCommand, Verdict};
+use super::operation::{LastVerdict, OperationState, Trigger};
+use super::output::{
+    Action, Anomaly, AnomalyKind, Escalation, Evidence, Outcome, Output, RepairAction, RepairCommand, Verdict,
+};
 use super::policy::Policy;
 
 /// Namespace of every id the reconciler derives.
@@ -21,17 +23,28 @@ fn derive_id(parts: &[&str]) -> String {
 
 /// What a transition decided, before the evidence is attached.
 pub(crate) struct VerdictDraft<'a> {
-    pub trigger: &'a Event,
-    pub pos: SourcePos,
+    pub trigger: Trigger<'a>,
     pub outcome: Outcome,
     pub action: Action,
     pub reason: String,
+    pub escalation: Option<Escalation>,
+}
+
+impl<'a> VerdictDraft<'a> {
+    pub fn new(trigger: Trigger<'a>, outcome: Outcome, action: Action, reason: String) -> Self {
+        VerdictDraft { trigger, outcome, action, reason, escalation: None }
+    }
+
+    /// The verdict of a follow-up that sent the operation to review.
+    pub fn escalated(self, why: Escalation) -> Self {
+        VerdictDraft { escalation: Some(why), ..self }
+    }
 }
 
 /// Issues a verdict for `op` (and, in act mode, its repair command).
 pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>, out: &mut Vec<Output>) {
     let index = op.verdict_count.to_string();
-    let verdict_id = derive_id(&["verdict", &op.operation_id, &d.trigger.event_id, &index]);
+    let verdict_id = derive_id(&["verdict", &op.operation_id, d.trigger.event_id, &index]);
     op.verdict_count += 1;
     let req = op.request.as_ref();
     let evidence = Evidence {
@@ -43,13 +56,18 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
         idempotency_key: req.and_then(|r| r.idempotency_key.clone()),
         attempts: op.attempts,
         requested_at: req.map(|r| r.requested_at),
-        last_event_at: op.last_event_at.max(d.trigger.occurred_at),
+        last_event_at: op.last_event_at.max(d.trigger.at),
         events_applied: op.events_applied,
         duplicates_seen: op.duplicates_seen,
         out_of_order_seen: op.out_of_order_seen,
-        trigger_partition: d.pos.partition,
-        trigger_offset: d.pos.offset,
+        trigger_partition: d.trigger.pos.partition,
+        trigger_offset: d.trigger.pos.offset,
         manual_decision: op.manual.clone(),
+        requeues: op.requeues as i32,
+        follow_up_at: op.follow_up.map(|f| f.at),
+        next_attempt_at: op.next_attempt_at,
+        superseded_by: op.superseded_by.clone(),
+        escalation: d.escalation,
     };
     let verdict = Verdict {
         verdict_id: verdict_id.clone(),
@@ -60,8 +78,8 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
         action: d.action,
         state: op.status,
         reason: d.reason.clone(),
-        decided_at: d.trigger.occurred_at,
-        trigger_event_id: d.trigger.event_id.clone(),
+        decided_at: d.trigger.at,
+        trigger_event_id: d.trigger.event_id.to_owned(),
         evidence,
     };
     op.last_verdict = Some(LastVerdict {
@@ -69,7 +87,7 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
         outcome: d.outcome,
         action: d.action,
         reason: d.reason,
-        decided_at: d.trigger.occurred_at,
+        decided_at: d.trigger.at,
     });
     out.push(Output::Verdict(verdict));
     if policy.act && d.action.is_automatable() {
@@ -86,7 +104,7 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
             destination: req.map(|r| r.destination.clone()).unwrap_or_default(),
             expected_version: req.and_then(|r| r.expected_version),
             expected_fingerprint: req.and_then(|r| r.expected_fingerprint.clone()),
-            issued_at: d.trigger.occurred_at,
+            issued_at: d.trigger.at,
         }));
     }
 }

@@ -15,7 +15,7 @@ use crate::codec::Codec;
 use crate::kafka::producer::Publisher;
 use crate::operator::commands::parse_position;
 use crate::operator::dlq::{self, DlqFilter};
-use crate::operator::render::{parse_decision, parse_duration, parse_outcome};
+use crate::operator::render::{parse_decision, parse_duration, parse_outcome, parse_waiting};
 use crate::operator::{self, OperatorError, ResolveRequest, ReviewFilter};
 use crate::store::StoreError;
 
@@ -70,9 +70,12 @@ pub(super) struct ReviewQuery {
     outcome: Option<String>,
     /// `90s`, `15m`, `2h`, `7d`, or seconds (as `review --older-than`).
     older_than: Option<String>,
+    /// `person` (the review queue, default) or `machine` (cases waiting
+    /// for a PROBE or REQUEUE to be answered).
+    waiting: Option<String>,
 }
 
-/// `GET /api/review?type=&outcome=&older_than=`: the queue, oldest first.
+/// `GET /api/review?type=&outcome=&older_than=&waiting=`: the queue, oldest first.
 pub(super) async fn review(State(s): State<AppState>, Query(q): Query<ReviewQuery>) -> Response {
     let empty = |v: Option<String>| v.filter(|s| !s.is_empty());
     let outcome = match empty(q.outcome).map(|o| parse_outcome(&o)).transpose() {
@@ -86,7 +89,11 @@ pub(super) async fn review(State(s): State<AppState>, Query(q): Query<ReviewQuer
             Err(e) => return error(StatusCode::BAD_REQUEST, &format!("older_than: {e}")),
         },
     };
-    let filter = ReviewFilter { operation_type: empty(q.operation_type), outcome, older_than_ms };
+    let waiting = match empty(q.waiting).map(|w| parse_waiting(&w)).transpose() {
+        Ok(w) => w.unwrap_or_default(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let filter = ReviewFilter { operation_type: empty(q.operation_type), outcome, older_than_ms, waiting };
     let now = (s.clock)();
     blocking(move || Ok(operator::review(&s.store, &filter, now)?)).await
 }

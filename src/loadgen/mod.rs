@@ -46,6 +46,8 @@ pub enum LoadgenError {
     Invalid(String),
     #[error("the outputs disagree with the ground truth")]
     Disagree,
+    #[error(transparent)]
+    Operator(#[from] crate::operator::OperatorError),
 }
 
 /// Event time stamped on the workload.
@@ -108,6 +110,7 @@ impl LoadgenArgs {
         o.faults = self.faults.clone();
         o.confirm_within_ms = self.confirm_within_ms;
         o.reorder_window_ms = cfg.time.reorder_window_ms;
+        o.policy = cfg.policy();
         if self.event_time == EventTime::Now {
             o.start_ms = now_ms;
             o.step_ms = 0;
@@ -276,7 +279,7 @@ pub fn command(cfg: &Config, action: Option<LoadgenAction>, args: &LoadgenArgs) 
             }
             Ok(())
         }
-        Some(LoadgenAction::Verify { truth, timeout_secs }) => {
+        Some(LoadgenAction::Verify { truth, timeout_secs, state_dir }) => {
             let truth = GroundTruth::read(&truth)
                 .map_err(|e| LoadgenError::Invalid(format!("reading {}: {e}", truth.display())))?;
             let wait = truth.latest_due_ms - now_ms();
@@ -288,7 +291,13 @@ pub fn command(cfg: &Config, action: Option<LoadgenAction>, args: &LoadgenArgs) 
             }
             let report = verify::verify(cfg, &truth, Duration::from_secs(timeout_secs), Duration::from_secs(2))?;
             print!("{}", report.render());
-            if report.agrees() {
+            let mut agrees = report.agrees();
+            if let Some(dir) = state_dir {
+                let untimed = verify::untimed_in(cfg, &dir)?;
+                print!("{}", verify::render_untimed(&dir, &untimed));
+                agrees &= untimed.is_empty();
+            }
+            if agrees {
                 Ok(())
             } else {
                 Err(LoadgenError::Disagree)

@@ -9,9 +9,14 @@
 //! simulation. Units on the same entity never overlap in the stream (the
 //! entity's confirmed version is shared state): a unit waits until no active
 //! unit uses its entity, so entity versions grow in stream order and only
-//! the stale-version story observes an older one, on purpose.
+//! the stale-version story observes an older one, on purpose. A unit whose
+//! operation is left open (it waits for its timers: the overdue verdict,
+//! then the follow-ups of SPEC §11) retires its entity: a later request for
+//! a higher version would supersede it, at a moment that depends on when
+//! the timers fire. The version-bump stories supersede on purpose, inside
+//! one unit.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::core::event::{Body, Decision, EffectObserved, ErrorClass, Event, EvidenceSource, Requested};
 use crate::core::{Action, AnomalyKind, Outcome};
@@ -61,6 +66,22 @@ pub struct Faults {
     /// Undecodable or invalid records (dead letters).
     #[arg(long, default_value_t = 0.002)]
     pub garbage: f64,
+    /// A newer version requested while the older operation is pending,
+    /// processing or awaiting confirmation (the older one is superseded).
+    #[arg(long, default_value_t = 0.01)]
+    pub version_bump: f64,
+    /// A failed attempt whose retry is scheduled past the confirmation
+    /// window, and never comes.
+    #[arg(long, default_value_t = 0.005)]
+    pub retry_scheduled_late: f64,
+    /// A query finds nothing, the operation is requeued, and nobody picks
+    /// the requeue up.
+    #[arg(long, default_value_t = 0.005)]
+    pub requeue_not_picked_up: f64,
+    /// A requeue is picked up (a new attempt starts), but that attempt is
+    /// never confirmed either.
+    #[arg(long, default_value_t = 0.005)]
+    pub requeue_picked_up_then_lost: f64,
 }
 
 impl Default for Faults {
@@ -79,6 +100,10 @@ impl Default for Faults {
             stale_version: 0.005,
             orphan: 0.003,
             garbage: 0.002,
+            version_bump: 0.01,
+            retry_scheduled_late: 0.005,
+            requeue_not_picked_up: 0.005,
+            requeue_picked_up_then_lost: 0.005,
         }
     }
 }
@@ -100,10 +125,14 @@ impl Faults {
             stale_version: 0.0,
             orphan: 0.0,
             garbage: 0.0,
+            version_bump: 0.0,
+            retry_scheduled_late: 0.0,
+            requeue_not_picked_up: 0.0,
+            requeue_picked_up_then_lost: 0.0,
         }
     }
 
-    fn table(&self) -> [(Story, f64); 13] {
+    fn table(&self) -> [(Story, f64); 17] {
         [
             (Story::DuplicateDelivery, self.duplicate_delivery),
             (Story::DuplicateEmission, self.duplicate_emission),
@@ -118,6 +147,10 @@ impl Faults {
             (Story::StaleVersion, self.stale_version),
             (Story::Orphan, self.orphan),
             (Story::Garbage, self.garbage),
+            (Story::VersionBump, self.version_bump),
+            (Story::RetryScheduledLate, self.retry_scheduled_late),
+            (Story::RequeueNotPickedUp, self.requeue_not_picked_up),
+            (Story::RequeuePickedUpThenLost, self.requeue_picked_up_then_lost),
         ]
     }
 
@@ -164,6 +197,10 @@ enum Story {
     StaleVersion,
     Orphan,
     Garbage,
+    VersionBump,
+    RetryScheduledLate,
+    RequeueNotPickedUp,
+    RequeuePickedUpThenLost,
 }
 
 /// Clean lifecycles and their weights (they fill what faults leave).
@@ -204,7 +241,25 @@ impl Story {
             Story::StaleVersion => "stale_version",
             Story::Orphan => "orphan",
             Story::Garbage => "garbage",
+            Story::VersionBump => "version_bump",
+            Story::RetryScheduledLate => "retry_scheduled_late",
+            Story::RequeueNotPickedUp => "requeue_not_picked_up",
+            Story::RequeuePickedUpThenLost => "requeue_picked_up_then_lost",
         }
+    }
+
+    /// Whether the unit leaves its operation open, waiting for timers.
+    fn ends_open(self) -> bool {
+        matches!(
+            self,
+            Story::NeverStarted
+                | Story::SilentIdempotent
+                | Story::SilentNotIdempotent
+                | Story::MissingConfirmation
+                | Story::RetryScheduledLate
+                | Story::RequeueNotPickedUp
+                | Story::RequeuePickedUpThenLost
+        )
     }
 
     fn flag(self) -> String {
@@ -252,6 +307,9 @@ pub struct Options {
     /// Keep each operation's expected verdicts in the truth (off for huge
     /// runs that only need the counts: the map grows with the operations).
     pub keep_verdicts: bool,
+    /// The reconciler's policy the truth is built for: follow-up windows
+    /// and requeue limits (SPEC §11).
+    pub policy: crate::core::Policy,
 }
 
 impl Options {
@@ -272,6 +330,7 @@ impl Options {
             interleave: 8,
             faults: Faults::default(),
             keep_verdicts: true,
+            policy: crate::core::Policy::default(),
         }
     }
 }
@@ -292,8 +351,12 @@ pub struct Generator {
     pending: Option<Unit>,
     active: Vec<Unit>,
     busy_entities: HashSet<u64>,
+    /// Entities whose last unit left an operation open (see the module doc).
+    retired: HashSet<u64>,
+    /// Entities beyond `entities` taken in place of retired ones.
+    extra_entities: u64,
     /// Per entity: the last version handed out and the highest confirmed.
-    versions: Vec<(i64, Option<i64>)>,
+    versions: HashMap<u64, (i64, Option<i64>)>,
     truth: GroundTruth,
 }
 
@@ -314,14 +377,34 @@ const SYNC: &str = "sync_customer";
 const INVOICE: &str = "send_invoice";
 
 fn v(outcome: Outcome, action: Action) -> Expected {
-    Expected { outcome, action, needs_timer: false }
+    Expected::now(outcome, action)
 }
 
-fn vt(outcome: Outcome, action: Action) -> Expected {
-    Expected { outcome, action, needs_timer: true }
+fn vt(outcome: Outcome, action: Action, at: i64) -> Expected {
+    Expected::at(outcome, action, at)
+}
+
+/// SPEC §11 for an operation about to be requeued at event time `at` (by a
+/// timer, or by the event of that time) after `n` automatic requeues, when
+/// nothing ever picks a requeue up: requeued up to `max` times in all, each
+/// one follow-up window after the last, then sent to review.
+fn requeues_unanswered(at: i64, by_timer: bool, n: u32, follow_up: i64, max: u32, out: &mut Vec<Expected>) {
+    let (mut at, mut by_timer, mut n) = (at, by_timer, n);
+    loop {
+        let e = |o, a| if by_timer { vt(o, a, at) } else { v(o, a) };
+        if n >= max {
+            out.push(e(Outcome::Missing, Action::ManualReview));
+            return;
+        }
+        out.push(e(Outcome::Missing, Action::Requeue));
+        n += 1;
+        at += follow_up;
+        by_timer = true;
+    }
 }
 
 /// Builds one operation's events.
+#[derive(Clone)]
 struct OpBuilder<'a> {
     id: String,
     entity: &'a str,
@@ -367,6 +450,15 @@ impl OpBuilder<'_> {
             next_attempt_at: None,
         };
         self.ev(&format!("s{seq}"), Some(seq), self.at(seq - 1), body)
+    }
+
+    /// A transient failure whose retry the worker schedules for `next`.
+    fn failed_until(&self, seq: i64, attempt: i32, next: i64) -> Event {
+        let mut ev = self.failed(seq, attempt, ErrorClass::Transient);
+        if let Body::AttemptFailed { next_attempt_at, .. } = &mut ev.body {
+            *next_attempt_at = Some(next);
+        }
+        ev
     }
 
     fn unknown(&self, seq: i64) -> Event {
@@ -434,12 +526,16 @@ impl Generator {
             Assumptions {
                 reorder_window_ms: opts.reorder_window_ms,
                 min_retention_ms: crate::core::Policy::default().retention_ms,
+                follow_up_ms: opts.policy.follow_up_ms,
+                max_requeues: opts.policy.max_requeues,
             },
         );
         Generator {
             rng: Rng::new(opts.seed),
             codec: crate::codec::Codec::new(),
-            versions: vec![(0, None); opts.entities.max(1) as usize],
+            retired: HashSet::new(),
+            extra_entities: 0,
+            versions: HashMap::new(),
             next_unit: 0,
             ops_made: 0,
             pending: None,
@@ -492,7 +588,7 @@ impl Generator {
         let n = self.next_unit;
         self.next_unit += 1;
         let mut story = self.pick_story();
-        if story == Story::StaleVersion && self.ops_made + 2 > self.opts.operations {
+        if matches!(story, Story::StaleVersion | Story::VersionBump) && self.ops_made + 2 > self.opts.operations {
             story = Story::Happy;
         }
         *self.truth.stories.entry(story.name().to_owned()).or_default() += 1;
@@ -503,8 +599,11 @@ impl Generator {
             return Some(unit);
         }
         // Spread units over the entities; the same entity comes back every
-        // `entities` units.
-        let e = n.wrapping_mul(0x9e37_79b9) % self.opts.entities.max(1);
+        // `entities` units, unless an earlier unit retired it.
+        let e = self.entity_for(n);
+        if story.ends_open() {
+            self.retired.insert(e);
+        }
         unit.entity = Some(e);
         let entity = format!("ent-{e}");
         let op_id = format!("s{}-op-{n}", self.opts.seed);
@@ -523,10 +622,12 @@ impl Generator {
         };
         let deadline = t0 + self.opts.confirm_within_ms;
         let (version, confirmed) = {
-            let slot = &mut self.versions[e as usize];
+            let slot = self.versions.entry(e).or_default();
             slot.0 += 1;
             (slot.0, slot.1)
         };
+        let follow_up = self.opts.policy.follow_up(ty, self.opts.confirm_within_ms);
+        let max_requeues = self.opts.policy.max_requeues(ty);
         // The highest version confirmed for the entity afterwards.
         let mut confirms: Option<i64> = None;
         let mut evs: Vec<Event>;
@@ -574,25 +675,57 @@ impl Generator {
             }
             Story::NeverStarted => {
                 evs = vec![b.requested(version)];
-                expected.push(vt(O::Missing, A::Requeue));
-                timer_due = Some(deadline);
+                requeues_unanswered(deadline, true, 0, follow_up, max_requeues, &mut expected);
             }
             Story::SilentIdempotent => {
                 evs = vec![b.requested(version), b.started(2, 1, "w-1")];
-                expected.push(vt(O::Missing, A::Requeue));
-                timer_due = Some(deadline);
+                requeues_unanswered(deadline, true, 0, follow_up, max_requeues, &mut expected);
             }
             Story::SilentNotIdempotent => {
                 evs = vec![b.requested(version), b.started(2, 1, "w-1")];
-                expected.push(vt(O::Ambiguous, A::ManualReview));
-                timer_due = Some(deadline);
+                expected.push(vt(O::Ambiguous, A::ManualReview, deadline));
             }
             Story::MissingConfirmation => {
                 evs = b.timed_out(version);
-                // With an idempotency key the destination can be probed.
-                let action = if ty == SYNC { A::Probe } else { A::ManualReview };
-                expected.push(vt(O::Ambiguous, action));
-                timer_due = Some(deadline);
+                if ty == SYNC {
+                    // With an idempotency key the destination can be
+                    // probed; nobody answers, so a person must decide.
+                    expected.push(vt(O::Ambiguous, A::Probe, deadline));
+                    expected.push(vt(O::Ambiguous, A::ManualReview, deadline + follow_up));
+                } else {
+                    expected.push(vt(O::Ambiguous, A::ManualReview, deadline));
+                }
+            }
+            Story::RetryScheduledLate => {
+                // The retry is scheduled two windows ahead and never comes:
+                // not overdue before it has had its own window (SPEC §11).
+                let next = t0 + 2 * self.opts.confirm_within_ms;
+                evs = vec![b.requested(version), b.started(2, 1, "w-1"), b.failed_until(3, 1, next)];
+                let due = next + self.opts.confirm_within_ms;
+                requeues_unanswered(due, true, 0, follow_up, max_requeues, &mut expected);
+            }
+            Story::RequeueNotPickedUp => {
+                // The query finds nothing: requeue at once; nobody picks it up.
+                evs = b.timed_out(version);
+                evs.push(b.absent(3));
+                requeues_unanswered(b.at(3), false, 0, follow_up, max_requeues, &mut expected);
+            }
+            Story::RequeuePickedUpThenLost => {
+                // The requeue is picked up (a new window from the new
+                // attempt), but that attempt is never confirmed either: the
+                // requeues are counted in all.
+                evs = b.timed_out(version);
+                let restart = b.started(4, 2, "w-2");
+                let due = restart.occurred_at + self.opts.confirm_within_ms;
+                evs.extend([b.absent(3), restart]);
+                if max_requeues == 0 {
+                    // Never requeued: straight to review, where a start is invalid.
+                    expected.push(v(O::Missing, A::ManualReview));
+                    self.truth.expect_anomaly(AnomalyKind::InvalidTransition, false);
+                } else {
+                    expected.push(v(O::Missing, A::Requeue));
+                    requeues_unanswered(due, true, 1, follow_up, max_requeues, &mut expected);
+                }
             }
             Story::DuplicateDelivery => {
                 evs = b.happy(version);
@@ -685,20 +818,11 @@ impl Generator {
             }
             Story::StaleVersion => {
                 // Two operations on one entity: the newer version is
-                // confirmed first, then the older one's effect shows up.
-                let newer_version = {
-                    let slot = &mut self.versions[e as usize];
-                    slot.0 += 1;
-                    slot.0
-                };
-                let newer = OpBuilder {
-                    id: format!("{op_id}-b"),
-                    entity: &entity,
-                    ty,
-                    t0,
-                    step: self.opts.step_ms,
-                    confirm_within_ms: self.opts.confirm_within_ms,
-                };
+                // requested while the older one is in flight (which closes
+                // the older one: superseded), confirmed, and then the older
+                // one's effect shows up after all.
+                let newer = OpBuilder { id: format!("{op_id}-b"), ..b.clone() };
+                let newer_version = self.bump_version(e);
                 evs = vec![
                     b.requested(version),
                     b.started(2, 1, "w-1"),
@@ -709,9 +833,30 @@ impl Generator {
                 ];
                 self.truth.expect_verdicts(&newer.id, &[v(O::Correct, A::None)], self.opts.keep_verdicts);
                 self.ops_made += 1;
-                // The older effect is what was asked for: correct, but flagged.
-                expected.push(v(O::Correct, A::None));
+                expected.push(v(O::NotApplicable, A::Close));
+                // The older effect reached the destination after the newer
+                // one was confirmed (flagged), for an operation already
+                // closed (invalid).
                 self.truth.expect_anomaly(AnomalyKind::StaleVersion, false);
+                self.truth.expect_anomaly(AnomalyKind::InvalidTransition, false);
+                confirms = Some(newer_version);
+            }
+            Story::VersionBump => {
+                // Seed 000: a version change while an operation is pending.
+                // The older one is superseded wherever it stood (pending,
+                // processing or awaiting confirmation) and never requeued;
+                // the newer one completes.
+                let newer = OpBuilder { id: format!("{op_id}-b"), ..b.clone() };
+                let newer_version = self.bump_version(e);
+                evs = match self.rng.below(3) {
+                    0 => vec![b.requested(version)],
+                    1 => vec![b.requested(version), b.started(2, 1, "w-1")],
+                    _ => b.timed_out(version),
+                };
+                evs.extend(newer.happy(newer_version));
+                self.truth.expect_verdicts(&newer.id, &[v(O::Correct, A::None)], self.opts.keep_verdicts);
+                self.ops_made += 1;
+                expected.push(v(O::NotApplicable, A::Close));
                 confirms = Some(newer_version);
             }
             Story::Orphan => {
@@ -728,7 +873,7 @@ impl Generator {
             Story::Garbage => unreachable!("handled above"),
         }
         if let Some(c) = confirms {
-            let slot = &mut self.versions[e as usize];
+            let slot = self.versions.entry(e).or_default();
             debug_assert!(confirmed.is_none_or(|old| old < c), "entity versions only grow");
             slot.1 = Some(slot.1.map_or(c, |old| old.max(c)));
         }
@@ -743,6 +888,26 @@ impl Generator {
         self.truth.records += evs.len() as u64;
         unit.records.extend(evs.into_iter().map(LoadRecord::Event));
         Some(unit)
+    }
+
+    /// The entity of unit `n`: spread over the entities (the same one comes
+    /// back every `entities` units); where that one is retired, a new
+    /// entity beyond them.
+    fn entity_for(&mut self, n: u64) -> u64 {
+        let entities = self.opts.entities.max(1);
+        let e = n.wrapping_mul(0x9e37_79b9) % entities;
+        if !self.retired.contains(&e) {
+            return e;
+        }
+        self.extra_entities += 1;
+        entities + self.extra_entities - 1
+    }
+
+    /// Hands out the entity's next version.
+    fn bump_version(&mut self, e: u64) -> i64 {
+        let slot = self.versions.entry(e).or_default();
+        slot.0 += 1;
+        slot.0
     }
 
     /// One record the reconciler must dead-letter, of a random kind.

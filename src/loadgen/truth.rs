@@ -13,27 +13,43 @@ use crate::core::{Action, AnomalyKind, Outcome};
 pub struct Expected {
     pub outcome: Outcome,
     pub action: Action,
-    /// Decided only when a confirmation deadline fires (wall clock).
-    pub needs_timer: bool,
+    /// Decided only when a timer fires (wall clock): a confirmation
+    /// deadline or a follow-up; then the event time it is due (the
+    /// verdict's `decided_at`).
+    pub timer_at: Option<i64>,
 }
 
 impl Expected {
-    /// `OUTCOME/ACTION`, with `+timer` when a deadline must fire first.
+    /// Decided when `outcome`/`action` follows from the events alone.
+    pub fn now(outcome: Outcome, action: Action) -> Expected {
+        Expected { outcome, action, timer_at: None }
+    }
+
+    /// Decided by a timer due at event time `at`.
+    pub fn at(outcome: Outcome, action: Action, at: i64) -> Expected {
+        Expected { outcome, action, timer_at: Some(at) }
+    }
+
+    pub fn needs_timer(&self) -> bool {
+        self.timer_at.is_some()
+    }
+
+    /// `OUTCOME/ACTION`, with `+timer@T` when a timer due at `T` must fire first.
     pub fn label(&self) -> String {
-        let timer = if self.needs_timer { "+timer" } else { "" };
+        let timer = self.timer_at.map_or_else(String::new, |t| format!("+timer@{t}"));
         format!("{}/{}{timer}", self.outcome.as_str(), self.action.as_str())
     }
 
     pub fn parse(label: &str) -> Option<Expected> {
-        let (pair, needs_timer) = match label.strip_suffix("+timer") {
-            Some(p) => (p, true),
-            None => (label, false),
+        let (pair, timer_at) = match label.split_once("+timer@") {
+            Some((p, t)) => (p, Some(t.parse().ok()?)),
+            None => (label, None),
         };
         let (o, a) = pair.split_once('/')?;
         Some(Expected {
             outcome: Outcome::ALL.into_iter().find(|x| x.as_str() == o)?,
             action: Action::ALL.into_iter().find(|x| x.as_str() == a)?,
-            needs_timer,
+            timer_at,
         })
     }
 }
@@ -45,6 +61,10 @@ pub struct Assumptions {
     pub reorder_window_ms: i64,
     /// Retention must be longer than the age of the oldest event at run time.
     pub min_retention_ms: i64,
+    /// Follow-up window after PROBE / REQUEUE; `None`: the confirmation window.
+    pub follow_up_ms: Option<i64>,
+    /// Automatic requeues per operation in all.
+    pub max_requeues: u32,
 }
 
 /// Everything the reconciler must publish for a workload (the JSON file).
@@ -99,7 +119,10 @@ impl GroundTruth {
 
     pub(crate) fn expect_verdicts(&mut self, operation_id: &str, verdicts: &[Expected], keep: bool) {
         self.verdict_count += verdicts.len() as u64;
-        self.timer_verdicts += verdicts.iter().filter(|v| v.needs_timer).count() as u64;
+        self.timer_verdicts += verdicts.iter().filter(|v| v.needs_timer()).count() as u64;
+        if let Some(t) = verdicts.iter().filter_map(|v| v.timer_at).max() {
+            self.latest_due_ms = self.latest_due_ms.max(t);
+        }
         if keep {
             self.verdicts.insert(operation_id.to_owned(), verdicts.iter().map(Expected::label).collect());
         }
@@ -141,12 +164,13 @@ mod tests {
     fn labels_round_trip() {
         for outcome in Outcome::ALL {
             for action in Action::ALL {
-                for needs_timer in [false, true] {
-                    let e = Expected { outcome, action, needs_timer };
+                for timer_at in [None, Some(1_700_000_300_000), Some(-5)] {
+                    let e = Expected { outcome, action, timer_at };
                     assert_eq!(Expected::parse(&e.label()), Some(e));
                 }
             }
         }
         assert_eq!(Expected::parse("CORRECT"), None);
+        assert_eq!(Expected::parse("CORRECT/NONE+timer@soon"), None);
     }
 }

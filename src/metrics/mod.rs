@@ -11,10 +11,11 @@
 //!   from the store and the broker by the [`sampler`], never counted
 //!   incrementally, so they are right after a restart or a rebalance too.
 //!
-//! Every label is bounded: outcomes, actions, kinds, states and error
-//! classes are closed enums; operation types are the configured ones plus
-//! the first `max_operation_types` others seen, then `other`; partitions
-//! are the input topic's.
+//! Every label is bounded: outcomes, actions, kinds, states, error classes
+//! and escalation reasons are closed enums; operation types are the
+//! configured ones plus the first `max_operation_types` others seen, then
+//! `other`; error codes (free text from the producers) are the first
+//! [`MAX_ERROR_CODES`] seen, then `other`; partitions are the input topic's.
 
 pub mod sampler;
 
@@ -30,24 +31,29 @@ use prometheus::{
 };
 
 use crate::core::event::ErrorClass;
-use crate::core::{Disposition, OperationState, Output, Status};
+use crate::core::{Disposition, Escalation, OperationState, Output, RepairAction, Status};
 
 pub use sampler::Sampler;
 
-/// The label of operation types beyond the bound.
+/// The label of operation types (and error codes) beyond the bound.
 pub const OTHER_TYPE: &str = "other";
 
-/// Operation type labels: configured types always have their own; others
-/// get one while fewer than `max_dynamic` were seen, then share `other`.
-struct TypeLabels {
+/// Error codes (`AttemptFailed.error_code`) with a label of their own in
+/// `reconciler_retries_by_cause_total`; later ones share `other`.
+pub const MAX_ERROR_CODES: usize = 32;
+
+/// Labels of a free-text dimension (operation types, error codes): the
+/// configured values always have their own; others get one while fewer
+/// than `max_dynamic` were seen, then share `other`.
+struct BoundedLabels {
     known: RwLock<HashSet<String>>,
     dynamic: Mutex<usize>,
     max_dynamic: usize,
 }
 
-impl TypeLabels {
-    fn new<'a>(configured: impl IntoIterator<Item = &'a String>, max_dynamic: usize) -> TypeLabels {
-        TypeLabels {
+impl BoundedLabels {
+    fn new<'a>(configured: impl IntoIterator<Item = &'a String>, max_dynamic: usize) -> BoundedLabels {
+        BoundedLabels {
             known: RwLock::new(configured.into_iter().cloned().collect()),
             dynamic: Mutex::new(0),
             max_dynamic,
@@ -85,7 +91,8 @@ pub struct Readiness {
 /// All metrics of one reconciler process.
 pub struct Metrics {
     registry: Registry,
-    types: TypeLabels,
+    types: BoundedLabels,
+    error_codes: BoundedLabels,
     events: IntCounterVec,
     /// `events` of each [`Disposition`], resolved once: counted per record.
     events_by_disposition: [IntCounter; 5],
@@ -94,6 +101,9 @@ pub struct Metrics {
     anomalies: IntCounterVec,
     commands: IntCounterVec,
     attempt_failures: IntCounterVec,
+    retries_by_cause: IntCounterVec,
+    escalations: IntCounterVec,
+    superseded: IntCounterVec,
     manual_decisions: IntCounterVec,
     time_to_confirm: HistogramVec,
     batch_duration: Histogram,
@@ -102,6 +112,7 @@ pub struct Metrics {
     publish_retries: IntCounter,
     outbox_republished: IntCounter,
     operations: IntGaugeVec,
+    follow_ups: IntGaugeVec,
     oldest_unconfirmed: GaugeVec,
     confirm_window: GaugeVec,
     review_open: IntGaugeVec,
@@ -152,12 +163,31 @@ fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogr
     m
 }
 
-/// The class of a failed attempt, read before the event goes to the core
-/// (which consumes it), for [`Metrics::event`].
-pub fn failure_class(body: &crate::core::Body) -> Option<ErrorClass> {
-    match body {
-        crate::core::Body::AttemptFailed { error_class, .. } => Some(*error_class),
-        _ => None,
+/// The `reason` label of an escalation.
+fn escalation_label(e: Escalation) -> &'static str {
+    match e {
+        Escalation::ProbeUnanswered => "probe_unanswered",
+        Escalation::RequeuesExhausted => "requeues_exhausted",
+    }
+}
+
+/// A failed attempt's class and code, read before the event goes to the
+/// core (which consumes it), for [`Metrics::event`].
+#[derive(Debug, Clone)]
+pub struct Failure {
+    class: ErrorClass,
+    code: String,
+}
+
+impl Failure {
+    /// The failure an event reports, if it is an `AttemptFailed`.
+    pub fn of(body: &crate::core::Body) -> Option<Failure> {
+        match body {
+            crate::core::Body::AttemptFailed { error_class, error_code, .. } => {
+                Some(Failure { class: *error_class, code: error_code.clone() })
+            }
+            _ => None,
+        }
     }
 }
 
@@ -173,7 +203,8 @@ impl Metrics {
                 &["result"],
         );
         let m = Metrics {
-            types: TypeLabels::new(configured, max_dynamic_types),
+            types: BoundedLabels::new(configured, max_dynamic_types),
+            error_codes: BoundedLabels::new(&[], MAX_ERROR_CODES),
             events_by_disposition: Disposition::ALL.map(|d| events.with_label_values(&[d.as_str()])),
             events,
             dead_letters: counter(
@@ -200,6 +231,24 @@ impl Metrics {
                 "reconciler_attempt_failures_total",
                 "Failed attempts applied, by error class and what followed: retry (RETRY_SCHEDULED) or review (MANUAL_REVIEW).",
                 &["error_class", "next"],
+            ),
+            retries_by_cause: counter(
+                &r,
+                "reconciler_retries_by_cause_total",
+                "Failed attempts followed by a retry (RETRY_SCHEDULED), by error_code: what the retries are spent on.",
+                &["error_code"],
+            ),
+            escalations: counter(
+                &r,
+                "reconciler_escalations_total",
+                "Follow-ups that sent an operation to manual review, by reason: probe_unanswered (no evidence after a PROBE), requeues_exhausted (requeued max_requeues times, still not confirmed).",
+                &["reason"],
+            ),
+            superseded: counter(
+                &r,
+                "reconciler_superseded_total",
+                "Operations replaced by a request for a higher version of the same entity, type and destination: closed (NOT_APPLICABLE) or marked in review.",
+                &["result"],
             ),
             manual_decisions: counter(
                 &r,
@@ -252,6 +301,12 @@ impl Metrics {
                 "reconciler_operations",
                 "Operations in the state store of the owned partitions, by state.",
                 &["state"],
+            ),
+            follow_ups: int_gauge_vec(
+                &r,
+                "reconciler_follow_ups_waiting",
+                "Operations waiting for a machine action (PROBE or REQUEUE) to be answered before their follow-up, by action.",
+                &["action"],
             ),
             oldest_unconfirmed: gauge_vec(
                 &r,
@@ -315,6 +370,16 @@ impl Metrics {
         for s in Status::ALL {
             m.operations.with_label_values(&[s.as_str()]).set(0);
         }
+        // Every closed label from the start, so rates and alerts see the first one.
+        for a in [RepairAction::Probe, RepairAction::Requeue] {
+            m.follow_ups.with_label_values(&[a.as_str()]).set(0);
+        }
+        for e in Escalation::ALL {
+            m.escalations.with_label_values(&[escalation_label(e)]);
+        }
+        for r in ["closed", "marked"] {
+            m.superseded.with_label_values(&[r]);
+        }
         m
     }
 
@@ -324,13 +389,28 @@ impl Metrics {
     }
 
     /// One decoded event and how the core accounted for it. `failed` is
-    /// [`failure_class`] of its body; `op` the operation after it.
-    pub fn event(&self, d: Disposition, failed: Option<ErrorClass>, op: Option<&OperationState>) {
+    /// [`Failure::of`] its body; `op` the operation after it.
+    pub fn event(&self, d: Disposition, failed: Option<Failure>, op: Option<&OperationState>) {
         self.events_by_disposition[d as usize].inc();
-        if let (Disposition::Applied, Some(class), Some(op)) = (d, failed, op) {
-            let next = if op.status == Status::ManualReview { "review" } else { "retry" };
-            self.attempt_failures.with_label_values(&[class.as_str(), next]).inc();
+        if let (Disposition::Applied, Some(f), Some(op)) = (d, failed, op) {
+            let retry = op.status == Status::RetryScheduled;
+            let next = if retry { "retry" } else { "review" };
+            self.attempt_failures.with_label_values(&[f.class.as_str(), next]).inc();
+            if retry {
+                self.retries_by_cause.with_label_values(&[self.error_codes.label(&f.code)]).inc();
+            }
         }
+    }
+
+    /// An operation replaced by a newer version: `closed`, or marked in review.
+    pub fn superseded(&self, closed: bool) {
+        self.superseded.with_label_values(&[if closed { "closed" } else { "marked" }]).inc();
+    }
+
+    /// Sets the number of operations waiting for a follow-up, by action.
+    pub fn set_follow_ups(&self, probe: i64, requeue: i64) {
+        self.follow_ups.with_label_values(&[RepairAction::Probe.as_str()]).set(probe);
+        self.follow_ups.with_label_values(&[RepairAction::Requeue.as_str()]).set(requeue);
     }
 
     /// One record sent to the dead-letter topic.
@@ -347,6 +427,9 @@ impl Metrics {
                 self.verdicts.with_label_values(&[v.outcome.as_str(), v.action.as_str(), ty]).inc();
                 if let Some(m) = &v.evidence.manual_decision {
                     self.manual_decisions.with_label_values(&[m.decision.as_str()]).inc();
+                }
+                if let Some(e) = v.evidence.escalation {
+                    self.escalations.with_label_values(&[escalation_label(e)]).inc();
                 }
                 if v.outcome == crate::core::Outcome::Correct && v.state == Status::Confirmed {
                     if let Some(req) = v.evidence.requested_at {
@@ -397,13 +480,16 @@ impl Metrics {
     /// The name of every metric, whether or not it has a value yet
     /// (dashboards and alert rules are checked against this).
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 24] = [
+        let all: [&dyn Collector; 28] = [
             &self.events,
             &self.dead_letters,
             &self.verdicts,
             &self.anomalies,
             &self.commands,
             &self.attempt_failures,
+            &self.retries_by_cause,
+            &self.escalations,
+            &self.superseded,
             &self.manual_decisions,
             &self.time_to_confirm,
             &self.batch_duration,
@@ -412,6 +498,7 @@ impl Metrics {
             &self.publish_retries,
             &self.outbox_republished,
             &self.operations,
+            &self.follow_ups,
             &self.oldest_unconfirmed,
             &self.confirm_window,
             &self.review_open,

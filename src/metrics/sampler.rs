@@ -28,7 +28,7 @@ use tracing::warn;
 
 use super::Metrics;
 use crate::config::Config;
-use crate::core::{Policy, Status};
+use crate::core::{Policy, RepairAction, Status};
 use crate::kafka::consumer::Assignment;
 use crate::kafka::{client_config, CONSUMER_DEFAULTS};
 use crate::pipeline::Clock;
@@ -173,6 +173,8 @@ struct Summary {
     oldest_requested: HashMap<String, i64>,
     /// Operation type → (count, earliest `review_since`).
     review: HashMap<String, (i64, i64)>,
+    /// Operations waiting for a PROBE / a REQUEUE to be answered.
+    follow_ups: (i64, i64),
     operations: i64,
     took: Duration,
 }
@@ -216,6 +218,11 @@ impl Summary {
                 *e = (*e).min(at);
             }
         }
+        match op.follow_up {
+            Some(RepairAction::Probe) => self.follow_ups.0 += 1,
+            Some(RepairAction::Requeue) => self.follow_ups.1 += 1,
+            None => {}
+        }
         if op.status == Status::ManualReview {
             let since = op.review_since;
             let e = self.review.entry(op.operation_type.clone()).or_insert((0, since));
@@ -228,6 +235,7 @@ impl Summary {
         for st in Status::ALL {
             m.operations.with_label_values(&[st.as_str()]).set(self.by_state.get(&st).copied().unwrap_or(0));
         }
+        m.set_follow_ups(self.follow_ups.0, self.follow_ups.1);
         let now = (src.clock)();
         let age = |at: i64| (now - at).max(0) as f64 / 1000.0;
         // Several raw types may share the `other` label: keep the oldest.

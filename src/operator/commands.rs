@@ -72,10 +72,15 @@ pub fn review_cmd(cfg: &Config, filter: &ReviewFilter, as_json: bool) -> Result<
     }
     let filtered = filter.operation_type.is_some() || filter.outcome.is_some() || filter.older_than_ms.is_some();
     if items.is_empty() && filtered {
-        let all = review::review(&view.store, &ReviewFilter::default(), now)?.len();
-        return Ok(format!("No case matches these filters ({all} operation(s) in review in all).\n"));
+        let unfiltered = ReviewFilter { waiting: filter.waiting, ..ReviewFilter::default() };
+        let all = review::review(&view.store, &unfiltered, now)?.len();
+        let what = match filter.waiting {
+            review::Waiting::Person => "in review",
+            review::Waiting::Machine => "waiting for a machine action",
+        };
+        return Ok(format!("No case matches these filters ({all} operation(s) {what} in all).\n"));
     }
-    Ok(render::review(&items))
+    Ok(render::review(&items, filter.waiting))
 }
 
 /// `reconciler resolve OP --decision D --actor A --note N`.

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::core::event::Decision;
 use crate::core::operation::LastVerdict;
-use crate::core::{OperationState, Status};
+use crate::core::{FollowUp, OperationState, Status, Supersession};
 use crate::store::{Store, StoreError, TimelineEntry};
 
 /// What the operation was supposed to do (from its `Requested`).
@@ -70,7 +70,20 @@ pub struct Explanation {
     pub operation_type: String,
     pub partition: i32,
     pub state: Status,
+    /// The confirmation deadline while it is armed (spent once judged
+    /// overdue or replaced by a follow-up).
     pub deadline_at: Option<i64>,
+    /// The machine action awaited and when it is followed up.
+    pub follow_up: Option<FollowUp>,
+    /// Automatic requeues so far.
+    pub requeues: u32,
+    /// The retry a worker scheduled, while it is pending.
+    pub next_attempt_at: Option<i64>,
+    /// The newer operation that replaced this one.
+    pub superseded_by: Option<Supersession>,
+    /// The next timer of the operation (deadline, follow-up, reorder
+    /// window or end of retention); `None` only in manual review.
+    pub next_timer_at: Option<i64>,
     pub review_since: Option<i64>,
     pub terminal_at: Option<i64>,
     /// `None` while the `Requested` has not arrived.
@@ -78,7 +91,7 @@ pub struct Explanation {
     pub observed: Observed,
     pub counts: Counts,
     pub last_verdict: Option<LastVerdict>,
-    /// Decisions `resolve` would accept now (empty outside review).
+    /// Decisions `resolve` would accept now (empty once terminal).
     pub allowed_decisions: Vec<Decision>,
     pub timeline: Vec<TimelineRow>,
     /// Early timeline entries overwritten by the per-operation cap.
@@ -141,7 +154,12 @@ pub fn explain(store: &Store, operation_id: &str) -> Result<Option<Explanation>,
         operation_type: op.operation_type.clone(),
         partition,
         state: op.status,
-        deadline_at: op.deadline_at,
+        deadline_at: op.deadline_at.filter(|_| op.awaits_evidence() && !op.overdue_judged),
+        follow_up: op.follow_up,
+        requeues: op.requeues,
+        next_attempt_at: op.next_attempt_at,
+        superseded_by: op.superseded_by.clone(),
+        next_timer_at: op.timer_at,
         review_since: op.review_since,
         terminal_at: op.terminal_at,
         expected,

@@ -8,6 +8,7 @@
 //! Nothing here edits state: decisions and re-driven records go through the
 //! input log and the pipeline applies them.
 
+pub mod audit;
 pub mod commands;
 pub mod digest;
 pub mod dlq;

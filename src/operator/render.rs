@@ -7,9 +7,9 @@ use std::fmt::Write;
 use super::dlq::{DeadLetter, RedriveReport};
 use super::explain::Explanation;
 use super::replay::ReplaySummary;
-use super::review::ReviewItem;
+use super::review::{ReviewItem, Waiting};
 use crate::core::event::Decision;
-use crate::core::Outcome;
+use crate::core::{Outcome, RepairAction};
 
 /// Milliseconds since the epoch as `2026-11-29T11:02:03.456Z`.
 pub fn time(ms: i64) -> String {
@@ -79,6 +79,11 @@ pub fn parse_outcome(text: &str) -> Result<Outcome, String> {
     parse_name("outcome", text, &Outcome::ALL, Outcome::as_str)
 }
 
+/// Parses whose move a case waits for (`person`, `machine`).
+pub fn parse_waiting(text: &str) -> Result<Waiting, String> {
+    parse_name("waiting", text, &Waiting::ALL, Waiting::as_str)
+}
+
 /// Decisions as a person reads them: `CONFIRM, REQUEUE, CLOSE`.
 pub fn decisions(ds: &[Decision]) -> String {
     ds.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", ")
@@ -113,6 +118,27 @@ pub fn explanation(x: &Explanation) -> String {
     }
     if let Some(d) = x.deadline_at {
         let _ = writeln!(o, "Deadline    {}", time(d));
+    }
+    if let Some(t) = x.next_attempt_at {
+        let _ = writeln!(o, "Retry       scheduled by the worker for {}", time(t));
+    }
+    if let Some(f) = &x.follow_up {
+        let then = match f.action {
+            RepairAction::Probe => "to review if the probe is not answered",
+            RepairAction::Requeue => "requeued again (or to review at the limit) if no attempt starts",
+        };
+        let _ = writeln!(o, "Follow-up   {} at {}: {then}", f.action.as_str(), time(f.at));
+    }
+    if x.requeues > 0 {
+        let _ = writeln!(o, "Requeued    {} time(s) automatically", x.requeues);
+    }
+    if let Some(by) = &x.superseded_by {
+        let _ = writeln!(
+            o,
+            "Superseded  by operation {} (version {}): never requeued",
+            by.operation_id,
+            opt(&by.expected_version)
+        );
     }
     if let Some(v) = &x.last_verdict {
         let _ = writeln!(o, "Verdict     {} / {}: {}", v.outcome.as_str(), v.action.as_str(), v.reason);
@@ -221,31 +247,58 @@ pub fn explanation(x: &Explanation) -> String {
     o
 }
 
-/// The review queue as a table.
-pub fn review(items: &[ReviewItem]) -> String {
+/// The review queue (or the cases waiting for a machine) as a table.
+pub fn review(items: &[ReviewItem], waiting: Waiting) -> String {
     if items.is_empty() {
-        return "No operation is waiting for review.\n".to_owned();
+        return match waiting {
+            Waiting::Person => "No operation is waiting for review.\n",
+            Waiting::Machine => "No operation is waiting for a machine action.\n",
+        }
+        .to_owned();
     }
+    let machine = waiting == Waiting::Machine;
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<9}  {:<28}  {:<16}  {:<16}  {:<16}  {:<13}  reason",
-        "age", "operation", "entity", "type", "outcome", "recommended"
+        "{:<9}  {:<28}  {:<16}  {:<16}  {:<16}  {:<13}  {}reason",
+        "age",
+        "operation",
+        "entity",
+        "type",
+        "outcome",
+        if machine { "waiting for" } else { "recommended" },
+        if machine { format!("{:<24}  ", "follow-up") } else { String::new() }
     );
     for it in items {
+        let follow_up = if machine {
+            format!("{:<24}  ", it.follow_up_at.map_or_else(|| "-".to_owned(), time))
+        } else {
+            String::new()
+        };
+        let mut reason = it.reason.clone();
+        if let Some(by) = &it.superseded_by {
+            reason = format!("[superseded by {}] {reason}", by.operation_id);
+        }
         let _ = writeln!(
             o,
-            "{:<9}  {}  {}  {}  {:<16}  {:<13}  {}",
+            "{:<9}  {}  {}  {}  {:<16}  {:<13}  {follow_up}{reason}",
             age(it.age_ms),
             cell(&it.operation_id, 28),
             cell(&it.entity_id, 16),
             cell(&it.operation_type, 16),
             it.outcome.map_or("-", |x| x.as_str()),
             it.recommended_action.map_or("-", |x| x.as_str()),
-            it.reason
         );
     }
-    let _ = writeln!(o, "{} operation(s) in review, oldest first.", items.len());
+    if machine {
+        let _ = writeln!(o, "{} operation(s) waiting for a machine action, oldest first.", items.len());
+        let _ = writeln!(
+            o,
+            "Unanswered at its follow-up, a case goes to review (a requeue is first retried up to the limit)."
+        );
+    } else {
+        let _ = writeln!(o, "{} operation(s) in review, oldest first.", items.len());
+    }
     let _ = writeln!(o, "Evidence and timeline: reconciler explain OPERATION");
     let _ = writeln!(o, "Decide: reconciler resolve OPERATION --decision D --actor NAME --note TEXT");
     o

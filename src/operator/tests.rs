@@ -65,14 +65,14 @@ impl Harness {
             let pos = SourcePos { partition: 0, offset: self.offset };
             self.offset += 1;
             let a = timeline::Arrival::of(&e, pos, &self.policy);
-            let d = apply(&self.policy, &mut slot, &mut entity, e, pos, &mut out);
+            let d = apply(&self.policy, &mut slot, &mut entity, e, pos, &mut out).disposition;
             timeline::record(&mut batch, &mut total, a, d, &out, slot.is_some());
             out.clear();
             ds.push(d);
         }
         batch.move_timer(0, "op-1", before, slot.as_ref());
         batch.put_op(0, "op-1".into(), slot, total);
-        batch.put_entity(0, "cust-1".into(), entity);
+        batch.put_entity(0, "cust-1".into(), Some(entity));
         batch.set_offset(0, self.offset);
         self.store.commit(batch).unwrap();
         ds
@@ -203,4 +203,67 @@ fn timeline_keeps_the_latest_entries_up_to_the_cap_and_the_digest_is_stable() {
     assert_ne!(after.digest, digest.digest);
     assert_eq!((after.operations, after.entities), (1, 1));
     assert_eq!(after, state_digest(&h.store).unwrap());
+}
+
+/// SPEC §11: a PROBE case waits for a machine, listed apart from the review
+/// queue with its follow-up time; a person may still decide it.
+#[test]
+fn machine_cases_are_listed_with_their_follow_up_and_accept_decisions() {
+    let mut h = Harness::new("machine");
+    let t = 10_000;
+    let probed = Body::Requested(Requested {
+        expected_version: Some(7),
+        idempotency_key: Some("k-1".into()),
+        idempotent: true,
+        destination: "crm".into(),
+        confirm_within_ms: Some(1_000),
+        ..Default::default()
+    });
+    h.batch(vec![
+        ev("e1", Some(1), t, probed),
+        ev("e2", Some(2), t + 10, Body::Started { attempt: 1, worker: "w".into() }),
+        ev("e3", Some(3), t + 20, Body::OutcomeUnknown { attempt: 1, detail: "timeout".into() }),
+    ]);
+    h.batch(vec![Event::deadline_reached("op-1", "cust-1", "sync_customer", t + 1_000)]);
+    assert!(review(&h.store, &ReviewFilter::default(), t + 1_500).unwrap().is_empty(), "not with a person yet");
+    let machine = ReviewFilter { waiting: review::Waiting::Machine, ..Default::default() };
+    let q = review(&h.store, &machine, t + 1_500).unwrap();
+    assert_eq!(q.len(), 1);
+    let it = &q[0];
+    assert_eq!((it.since, it.age_ms, it.follow_up_at), (t + 1_000, 500, Some(t + 2_000)));
+    assert_eq!(it.follow_up_action, Some(crate::core::RepairAction::Probe));
+    assert_eq!(it.allowed_decisions, vec![Decision::Confirm, Decision::Requeue, Decision::Close]);
+    let table = render::review(&q, review::Waiting::Machine);
+    assert!(table.contains("follow-up") && table.contains("waiting for a machine action"), "{table}");
+    let x = explain(&h.store, "op-1").unwrap().unwrap();
+    assert_eq!(x.follow_up.map(|f| f.at), Some(t + 2_000));
+    assert_eq!((x.next_timer_at, x.deadline_at), (Some(t + 2_000), None));
+    assert!(render::explanation(&x).contains("Follow-up   PROBE at"), "{}", render::explanation(&x));
+    // Nothing answers: at the follow-up the case goes to a person.
+    h.batch(vec![Event::deadline_reached("op-1", "cust-1", "sync_customer", t + 2_000)]);
+    assert!(review(&h.store, &machine, t + 2_500).unwrap().is_empty());
+    let q = review(&h.store, &ReviewFilter::default(), t + 2_500).unwrap();
+    assert_eq!((q.len(), q[0].reason.contains("probe was not answered")), (1, true));
+    assert!(audit::untimed(&h.store).unwrap().is_empty());
+}
+
+/// The audit finds an open operation that nothing will wake again.
+#[test]
+fn audit_reports_an_open_operation_without_a_timer() {
+    let mut h = Harness::new("audit");
+    h.batch(vec![ev("e1", Some(1), 1_000, requested())]);
+    assert!(audit::untimed(&h.store).unwrap().is_empty());
+    // A state written without its timer (what a bug in the core would do).
+    let (mut op, total) = h.store.load_op(0, "op-1").unwrap();
+    let mut batch = Batch::default();
+    batch.move_timer(0, "op-1", op.as_ref().and_then(|o| o.timer_at), None);
+    op.as_mut().unwrap().timer_at = None;
+    batch.put_op(0, "op-1".into(), op, total);
+    h.store.commit(batch).unwrap();
+    let untimed = audit::untimed(&h.store).unwrap();
+    assert_eq!(untimed.len(), 1);
+    assert_eq!(
+        (untimed[0].operation_id.as_str(), untimed[0].state, untimed[0].timer_at),
+        ("op-1", Status::Pending, None)
+    );
 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::core::event::{Body, Event, SourcePos};
 use crate::core::output::{Action, ManualDecisionRecord, Outcome, Status};
-use crate::core::{AnomalyKind, Disposition, Output, Policy};
+use crate::core::{AnomalyKind, Disposition, Output, Policy, Supersede};
 use crate::store::Batch;
 
 /// What the timeline keeps of an event, taken before `core::apply`
@@ -114,6 +114,31 @@ impl Arrival {
     }
 }
 
+impl Arrival {
+    /// The entry a superseded operation gets: the newer operation's request
+    /// (its record, in the older one's timeline) and what it replaced.
+    pub fn superseded(s: &Supersede) -> Arrival {
+        let mut buf = Vec::with_capacity(s.operation_id.len() + s.trigger_event_id.len() + 128);
+        buf.extend_from_slice(s.operation_id.as_bytes());
+        let id_end = buf.len();
+        let fields = ArrivalFields {
+            partition: s.pos.partition,
+            offset: s.pos.offset,
+            event_id: &s.trigger_event_id,
+            seq: None,
+            body: "Requested",
+            occurred_at: s.at,
+            producer: "reconciler",
+        };
+        serialize_into(&mut buf, &fields);
+        let fields_end = buf.len();
+        let by = &s.by;
+        let version = by.expected_version.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        let _ = write!(Text(&mut buf), "superseded by operation {} (version {version})", by.operation_id);
+        Arrival { partition: s.pos.partition, buf, id_end, fields_end, manual: None }
+    }
+}
+
 /// Appends formatted text to a byte buffer through `fmt::Write` (the
 /// `io::Write` route to a `Vec<u8>` cost twice as much per record).
 struct Text<'a>(&'a mut Vec<u8>);
@@ -149,8 +174,13 @@ fn write_summary(out: &mut Vec<u8>, body: &Body) {
             r.destination
         ),
         Body::Started { attempt, worker } => write!(out, "attempt {attempt} by {worker}"),
-        Body::AttemptFailed { attempt, error_class, error_code, .. } => {
-            write!(out, "attempt {attempt} failed {error_class:?} ({error_code})")
+        Body::AttemptFailed { attempt, error_class, error_code, next_attempt_at, .. } => {
+            write!(out, "attempt {attempt} failed {error_class:?} ({error_code})").and_then(
+                |()| match next_attempt_at {
+                    Some(t) => write!(out, "; next attempt at {}", super::render::time(*t)),
+                    None => Ok(()),
+                },
+            )
         }
         Body::OutcomeUnknown { attempt, .. } => write!(out, "attempt {attempt}: outcome unknown"),
         Body::EffectObserved(o) => write!(

@@ -101,6 +101,55 @@ fn plan_lanes(records: &[Record], next: &BTreeMap<i32, i64>, lanes: usize) -> (u
 }
 
 impl<'a> Applier<'a> {
+    /// The operation `operation_id` of partition `p` during a batch: from
+    /// the batch's own map, else loaded from the store.
+    fn slot<'m>(
+        &self,
+        ops: &'m mut FxHashMap<(i32, String), OpSlot>,
+        p: i32,
+        operation_id: &str,
+    ) -> Result<&'m mut OpSlot, PipelineError> {
+        Ok(match ops.entry((p, operation_id.to_owned())) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                let (state, timeline_total) = self.store.load_op(p, operation_id)?;
+                v.insert(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline_total })
+            }
+        })
+    }
+
+    /// Counts, logs and (unless `silent` or discarding) stores for
+    /// publishing the outputs of one step, emptying `outputs`.
+    fn emit(
+        &self,
+        outputs: &mut Vec<Output>,
+        silent: bool,
+        batch: &mut Batch,
+        stats: &mut Stats,
+    ) -> Result<(), PipelineError> {
+        if silent {
+            outputs.clear();
+        }
+        for o in outputs.drain(..) {
+            self.metrics.output(&o);
+            match &o {
+                Output::Verdict(v) => {
+                    stats.verdicts += 1;
+                    info!(operation_id = %v.operation_id, entity_id = %v.entity_id, outcome = v.outcome.as_str(), action = v.action.as_str(), "Verdict");
+                }
+                Output::Anomaly(a) => {
+                    stats.anomalies += 1;
+                    debug!(operation_id = %a.operation_id, entity_id = %a.entity_id, kind = a.kind.as_str(), "Anomaly");
+                }
+                Output::Command(_) => stats.commands += 1,
+            }
+            if !self.discard_outputs {
+                batch.publish(output_record(self.codec, self.topics, &o)?);
+            }
+        }
+        Ok(())
+    }
+
     /// The applier `cfg` describes (topics, record size limit, lanes),
     /// storing its outputs for publishing.
     pub fn new(cfg: &'a Config, store: &'a Store, policy: &'a Policy, codec: &'a Codec, metrics: &'a Metrics) -> Self {
@@ -208,13 +257,7 @@ impl<'a> Applier<'a> {
                 applied.deadlines.push((ev.operation_id.clone(), deadline));
             }
             let p = r.partition;
-            let op = match ops.entry((p, ev.operation_id.clone())) {
-                Entry::Occupied(o) => o.into_mut(),
-                Entry::Vacant(v) => {
-                    let (state, timeline_total) = self.store.load_op(p, &ev.operation_id)?;
-                    v.insert(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline_total })
-                }
-            };
+            let op = self.slot(&mut ops, p, &ev.operation_id)?;
             let slot = &mut op.state;
             let entity = match entities.entry((p, ev.entity_id.clone())) {
                 Entry::Occupied(o) => o.into_mut(),
@@ -222,33 +265,29 @@ impl<'a> Applier<'a> {
             };
             let pos = SourcePos { partition: p, offset: r.offset };
             let arrival = Arrival::of(&ev, pos, self.policy);
-            let failed = metrics::failure_class(&ev.body);
-            let d = core::apply(self.policy, slot, entity, ev, pos, &mut outputs);
+            let failed = metrics::Failure::of(&ev.body);
+            let step = core::apply(self.policy, slot, entity, ev, pos, &mut outputs);
+            let d = step.disposition;
             self.metrics.event(d, failed, slot.as_ref());
             timeline::record(&mut batch, &mut op.timeline_total, arrival, d, &outputs, slot.is_some());
             *stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if let (Disposition::Held, Some(op)) = (d, slot.as_ref()) {
                 debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, partition = p, offset = r.offset, "Event held for reordering");
             }
-            if silent {
-                outputs.clear();
-            }
-            for o in outputs.drain(..) {
-                self.metrics.output(&o);
-                match &o {
-                    Output::Verdict(v) => {
-                        stats.verdicts += 1;
-                        info!(operation_id = %v.operation_id, entity_id = %v.entity_id, outcome = v.outcome.as_str(), action = v.action.as_str(), "Verdict");
-                    }
-                    Output::Anomaly(a) => {
-                        stats.anomalies += 1;
-                        debug!(operation_id = %a.operation_id, entity_id = %a.entity_id, kind = a.kind.as_str(), "Anomaly");
-                    }
-                    Output::Command(_) => stats.commands += 1,
+            self.emit(&mut outputs, silent, &mut batch, stats)?;
+            // The operations its request replaced (SPEC §11), each noted in
+            // its own timeline.
+            for s in &step.supersede {
+                let older = self.slot(&mut ops, p, &s.operation_id)?;
+                let changed = core::supersede(self.policy, &mut older.state, entity, s, &mut outputs);
+                if let (true, Some(op)) = (changed, older.state.as_ref()) {
+                    let closed = op.status.is_terminal();
+                    self.metrics.superseded(closed);
+                    debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, by = %s.by.operation_id, closed, "Operation superseded");
+                    let arrival = Arrival::superseded(s);
+                    timeline::record(&mut batch, &mut older.timeline_total, arrival, d, &outputs, true);
                 }
-                if !self.discard_outputs {
-                    batch.publish(output_record(self.codec, self.topics, &o)?);
-                }
+                self.emit(&mut outputs, silent, &mut batch, stats)?;
             }
         }
         for ((p, op_id), op) in ops {
@@ -256,7 +295,8 @@ impl<'a> Applier<'a> {
             batch.put_op(p, op_id, op.state, op.timeline_total);
         }
         for ((p, id), e) in entities {
-            batch.put_entity(p, id, e);
+            // Its facts go with its last operation (bounded state).
+            batch.put_entity(p, id, (!e.is_unused()).then_some(e));
         }
         for (p, n) in &applied.touched {
             batch.set_offset(*p, *n);

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys;
 use super::{Batch, OutboxRecord};
-use crate::core::{OperationState, Status};
+use crate::core::{OperationState, RepairAction, Status};
 
 /// The column families a batch writes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,7 @@ pub(super) struct OpSummaryRef<'a> {
     status: Status,
     requested_at: Option<i64>,
     review_since: i64,
+    follow_up: Option<RepairAction>,
 }
 
 /// [`StoredOpRef`] as read back.
@@ -84,6 +85,8 @@ pub struct OpSummary {
     pub requested_at: Option<i64>,
     /// When it entered manual review (else its last event time).
     pub review_since: i64,
+    /// The machine action it waits for (PROBE or REQUEUE), if any.
+    pub follow_up: Option<RepairAction>,
 }
 
 impl OpSummaryRef<'_> {
@@ -93,6 +96,7 @@ impl OpSummaryRef<'_> {
             status: op.status,
             requested_at: op.request.as_ref().map(|r| r.requested_at),
             review_since: op.review_since.unwrap_or(op.last_event_at),
+            follow_up: op.follow_up.filter(|_| op.awaits_evidence()).map(|f| f.action),
         }
     }
 }
@@ -204,7 +208,10 @@ impl Batch {
             }
         }
         for (key, (_, _, state)) in by_key(self.entities.iter().map(|e| (keys::scoped(e.0, &e.1), e))) {
-            part.put(Family::Entities, &key, state);
+            match state {
+                Some(state) => part.put(Family::Entities, &key, state),
+                None => part.delete(Family::Entities, &key),
+            }
         }
         for (key, _) in by_key(self.timers_removed.iter().map(|(p, at, op)| (keys::timer(*p, *at, op), &()))) {
             part.delete(Family::Timers, &key);

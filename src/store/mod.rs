@@ -14,7 +14,7 @@ mod rocks;
 pub mod timeline;
 
 pub use encoded::{Encoded, OpSummary};
-pub use rocks::{Store, StoreError};
+pub use rocks::{Store, StoreError, StoreSize};
 pub use timeline::{Timeline, TimelineEntry};
 
 use serde::{Deserialize, Serialize};
@@ -65,7 +65,8 @@ pub struct Batch {
     /// (partition, operation, state or `None` to delete, timeline entries
     /// the operation has received in all).
     pub(crate) ops: Vec<(i32, String, Option<OperationState>, u64)>,
-    pub(crate) entities: Vec<(i32, String, EntityState)>,
+    /// (partition, entity, facts or `None` to delete).
+    pub(crate) entities: Vec<(i32, String, Option<EntityState>)>,
     pub(crate) timers_removed: Vec<(i32, i64, String)>,
     pub(crate) timers_added: Vec<(i32, TimerEntry)>,
     pub(crate) offsets: Vec<(i32, i64)>,
@@ -82,7 +83,8 @@ impl Batch {
         self.ops.push((partition, operation_id, state, timeline_total));
     }
 
-    pub fn put_entity(&mut self, partition: i32, entity_id: String, state: EntityState) {
+    /// Sets (or, with `None`, deletes) an entity's facts.
+    pub fn put_entity(&mut self, partition: i32, entity_id: String, state: Option<EntityState>) {
         self.entities.push((partition, entity_id, state));
     }
 

@@ -43,8 +43,21 @@ pub enum StoreError {
 }
 
 /// The layout of the values in the store. 2: an operation's value carries
-/// its timeline total; the outbox holds one value per batch.
-const FORMAT: u32 = 2;
+/// its timeline total; the outbox holds one value per batch. 3: follow-ups,
+/// requeue counts, scheduled retries and supersession in the operation;
+/// operation counts and open operations in the entity.
+const FORMAT: u32 = 3;
+
+/// The size of a store ([`Store::size`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSize {
+    /// Estimated keys per column family.
+    pub keys: Vec<(&'static str, u64)>,
+    /// Estimated bytes of live data in the store's files.
+    pub live_file_bytes: u64,
+    /// Bytes in memtables (not yet flushed).
+    pub memtable_bytes: u64,
+}
 
 /// How a store makes its writes durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,6 +281,43 @@ impl Store {
             out.push(decode("timer", &v)?);
         }
         Ok(out)
+    }
+
+    /// How big the store is now, by RocksDB's own estimates: keys per
+    /// column family, bytes of live data in its files, bytes in memtables.
+    pub fn size(&self) -> Result<StoreSize, StoreError> {
+        let mut size = StoreSize::default();
+        for family in FAMILIES {
+            let cf = self.cf(family);
+            let prop = |name: &str| self.db.property_int_value_cf(cf, name).map(|v| v.unwrap_or(0));
+            size.keys.push((family, prop("rocksdb.estimate-num-keys")?));
+            size.live_file_bytes += prop("rocksdb.estimate-live-data-size")?;
+            size.memtable_bytes += prop("rocksdb.cur-size-all-mem-tables")?;
+        }
+        Ok(size)
+    }
+
+    /// The exact number of keys in each column family, by reading them all:
+    /// for benchmarks and diagnostics, not for a hot path.
+    pub fn key_counts(&self) -> Result<Vec<(&'static str, u64)>, StoreError> {
+        let mut out = Vec::new();
+        for family in FAMILIES {
+            let mut it = self.db.raw_iterator_cf(self.cf(family));
+            it.seek_to_first();
+            let mut n = 0;
+            while it.valid() {
+                n += 1;
+                it.next();
+            }
+            it.status()?;
+            out.push((family, n));
+        }
+        Ok(out)
+    }
+
+    /// Whether the timer index holds `operation_id`'s timer at `at`.
+    pub fn timer_indexed(&self, partition: i32, at: i64, operation_id: &str) -> Result<bool, StoreError> {
+        Ok(self.db.get_pinned_cf(self.cf(TIMERS), keys::timer(partition, at, operation_id))?.is_some())
     }
 
     /// Every operation of `partition` (for explain, review and digests).

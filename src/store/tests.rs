@@ -83,6 +83,7 @@ fn an_operation_is_read_back_with_its_timeline_total() {
         status: state.status,
         requested_at: None,
         review_since: state.last_event_at,
+        follow_up: None,
     };
     assert_eq!(seen, vec![summary]);
     let mut batch = Batch::default();

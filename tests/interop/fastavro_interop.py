@@ -62,6 +62,11 @@ def decode_verdict(path):
         sys.exit(f"header {data[:10].hex()} != expected {header.hex()}")
     record = schemaless_reader(io.BytesIO(data[10:]), schema)
     record["decided_at"] = int(record["decided_at"].timestamp() * 1000)
+    # timestamp-millis fields come back as datetimes: as milliseconds again.
+    evidence = record["evidence"]
+    for key in ("requested_at", "last_event_at", "follow_up_at", "next_attempt_at"):
+        if hasattr(evidence.get(key), "timestamp"):
+            evidence[key] = int(evidence[key].timestamp() * 1000)
     print(json.dumps(record, default=str))
 
 

@@ -5,7 +5,7 @@
 "use strict";
 
 const OUTCOMES = ["MISSING", "DIVERGENT", "AMBIGUOUS", "DUPLICATE_EFFECT", "NOT_APPLICABLE", "CORRECT"];
-const state = { queue: [], sortDesc: true, selected: null, lastLoad: null };
+const state = { queue: [], sortDesc: true, selected: null, lastLoad: null, verdictOf: {} };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -87,9 +87,14 @@ async function loadReady() {
 
 // ---- the queue -------------------------------------------------------------
 
+/** "person" (the review queue) or "machine" (cases waiting for a PROBE or REQUEUE to be answered). */
+function waiting() {
+  return $("filter-waiting").value || "person";
+}
+
 async function loadQueue() {
   try {
-    state.queue = await getJson("/api/review");
+    state.queue = await getJson(`/api/review?waiting=${encodeURIComponent(waiting())}`);
     state.lastLoad = Date.now();
     showError("queue-error", null);
   } catch (e) {
@@ -124,6 +129,8 @@ function filtered() {
 
 function renderQueue() {
   const rows = filtered();
+  const machine = waiting() === "machine";
+  for (const th of document.querySelectorAll(".machine-only")) th.hidden = !machine;
   const body = $("queue-body");
   body.replaceChildren(...rows.map((c) => {
     const tr = el("tr", {
@@ -132,13 +139,14 @@ function renderQueue() {
       onclick: () => openOperation(c.operation_id),
       onkeydown: (ev) => { if (ev.key === "Enter") openOperation(c.operation_id); },
     },
-    el("td", { class: "age", title: `in review since ${when(c.since)}` }, humanAge(c.age_ms)),
+    el("td", { class: "age", title: `waiting since ${when(c.since)}` }, humanAge(c.age_ms)),
     el("td", {}, el("code", {}, c.operation_id)),
     el("td", {}, el("code", {}, c.entity_id)),
     el("td", {}, c.operation_type),
     el("td", {}, badge(c.outcome, `outcome-${c.outcome}`)),
     el("td", {}, c.recommended_action || "–"),
-    el("td", { class: "reason" }, c.reason || ""));
+    ...(machine ? [el("td", { class: "follow-up" }, when(c.follow_up_at))] : []),
+    el("td", { class: "reason" }, c.superseded_by ? `[superseded by ${c.superseded_by.operation_id}] ` : "", c.reason || ""));
     if (c.operation_id === state.selected) tr.classList.add("selected");
     return tr;
   }));
@@ -146,7 +154,7 @@ function renderQueue() {
   const empty = $("queue-empty");
   empty.hidden = rows.length !== 0;
   empty.textContent = state.queue.length === 0
-    ? "The review queue is empty: no operation is waiting for a person."
+    ? (machine ? "No operation is waiting for a machine action." : "The review queue is empty: no operation is waiting for a person.")
     : "No case matches these filters.";
   const oldest = rows.length ? Math.max(...rows.map((c) => c.age_ms)) : null;
   $("queue-count").textContent = state.queue.length === 0 ? "" :
@@ -189,6 +197,10 @@ function renderOperation(op) {
     ["Recommended", v ? v.action : "–"],
     ["In review since", op.review_since ? `${when(op.review_since)} (${humanAge(Date.now() - op.review_since)})` : "–"],
     ["Deadline", when(op.deadline_at)],
+    ["Follow-up", op.follow_up ? `${op.follow_up.action} at ${when(op.follow_up.at)}` : "–"],
+    ["Next attempt", op.next_attempt_at ? `scheduled for ${when(op.next_attempt_at)}` : "–"],
+    ["Requeued", op.requeues ? `${op.requeues} time${op.requeues === 1 ? "" : "s"} automatically` : "–"],
+    ["Superseded by", op.superseded_by ? el("code", {}, `${op.superseded_by.operation_id} (version ${op.superseded_by.expected_version ?? "–"})`) : "–"],
   ]);
   $("d-reason").textContent = v ? v.reason : "No verdict yet.";
 
@@ -247,11 +259,12 @@ function renderOperation(op) {
     ...allowed.map((d) => el("option", { value: d }, d === recommended ? `${d} (recommended)` : d)));
   const off = $("resolve-off");
   off.hidden = allowed.length !== 0;
-  off.textContent = allowed.length ? "" : `No decision is possible in state ${op.state}: only operations in manual review can be resolved.`;
+  off.textContent = allowed.length ? "" : `No decision is possible in state ${op.state}: only open operations (not yet confirmed, compensated or closed) can be resolved.`;
   $("r-submit").disabled = allowed.length === 0;
   $("r-submit").hidden = allowed.length === 0;
   $("resolve-fields").hidden = allowed.length === 0;
   $("resolve").dataset.operationId = op.operation_id;
+  state.verdictOf[op.operation_id] = v ? v.verdict_id : null;
 }
 
 // ---- resolving -------------------------------------------------------------
@@ -285,7 +298,7 @@ async function submitResolve(ev) {
     });
     result.replaceChildren(el("div", { class: "success" },
       `Decision ${payload.decision} published (event ${r.event_id}, partition ${r.partition}). Waiting for the pipeline to apply it…`));
-    const after = await waitForChange(id);
+    const after = await waitForChange(id, state.verdictOf[id]);
     if (after) {
       const v = after.last_verdict;
       result.replaceChildren(el("div", { class: "success", id: "resolve-applied" },
@@ -304,13 +317,14 @@ async function submitResolve(ev) {
   }
 }
 
-/** Polls the operation until it leaves manual review (at most ~15 s). */
-async function waitForChange(id) {
+/** Polls the operation until a new verdict (the decision's) replaces `before` (at most ~15 s). */
+async function waitForChange(id, before) {
   for (let i = 0; i < 30; i++) {
     await new Promise((r) => setTimeout(r, 500));
     try {
       const op = await getJson(`/api/operations/${encodeURIComponent(id)}`);
-      if (op.state !== "MANUAL_REVIEW") return op;
+      const now = op.last_verdict ? op.last_verdict.verdict_id : null;
+      if (now !== before) return op;
     } catch (_) { /* keep trying */ }
   }
   return null;
@@ -327,6 +341,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("r-token").value = sessionStorage.getItem("reconciler.token") || "";
   $("r-actor").value = localStorage.getItem("reconciler.actor") || "";
   for (const id of ["filter-type", "filter-outcome", "filter-age"]) $(id).addEventListener("change", renderQueue);
+  $("filter-waiting").addEventListener("change", loadQueue);
   $("sort-age").addEventListener("click", () => {
     state.sortDesc = !state.sortDesc;
     $("sort-arrow").textContent = state.sortDesc ? "▼" : "▲";
