@@ -7,7 +7,8 @@ use reconciler::codec::Codec;
 use reconciler::config::Config;
 use reconciler::core::memory::MemoryEngine;
 use reconciler::core::{Output, Policy, SourcePos};
-use reconciler::demo::{self, DemoRecord};
+use reconciler::demo;
+use reconciler::records::InputRecord;
 
 /// The binary's allocator (src/main.rs), so the figures are the binary's.
 #[global_allocator]
@@ -17,7 +18,7 @@ fn events() -> Vec<reconciler::core::Event> {
     demo::workload(1_700_000_000_000, 200)
         .into_iter()
         .filter_map(|r| match r {
-            DemoRecord::Event(e) => Some(e),
+            InputRecord::Event(e) => Some(e),
             _ => None,
         })
         .collect()
@@ -107,7 +108,8 @@ fn bench(c: &mut Criterion) {
 /// One RocksDB write of what a 5,000-record batch changes: the states of
 /// the operations it touched, their timers, offsets and the outbox.
 fn store_commit(c: &mut Criterion) {
-    use reconciler::store::{Batch, OutboxRecord, Store};
+    use reconciler::records::OutboxRecord;
+    use reconciler::store::{Batch, Store};
     let codec = Codec::new();
     let mut cfg = Config::default();
     demo::configure(&mut cfg);

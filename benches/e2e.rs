@@ -31,7 +31,7 @@ use reconciler::codec::Codec;
 use reconciler::config::{Config, Topics};
 use reconciler::kafka::admin;
 use reconciler::kafka::reader::TopicReader;
-use reconciler::loadgen::{self, EventTime, Generator, LoadgenArgs, Options};
+use reconciler::loadgen::{self, EventTime, Generator, Options, Workload};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -226,14 +226,14 @@ fn main() {
     let partitions: i32 = env_or("E2E_PARTITIONS", 6);
     let latency_secs: u64 = env_or("E2E_LATENCY_SECS", 20);
     let ticks = clock_ticks();
-    let run_id = format!("e2e-{}-{}", std::process::id(), loadgen::now_ms());
+    let run_id = format!("e2e-{}-{}", std::process::id(), reconciler::clock::now_ms());
     println!("binary: {}", binary().display());
 
     // 1. Preload.
     let (cfg, file) = config(&brokers, &run_id, partitions);
     let t = cfg.topics.clone();
     admin::ensure_topics(&cfg.kafka, &t.all(), partitions, 1).unwrap();
-    let opts = Options::preload(operations, 1, loadgen::now_ms());
+    let opts = Options::preload(operations, 1, reconciler::clock::now_ms());
     let (published, truth) = loadgen::publish(&cfg, Generator::new(opts), false, false).unwrap();
     println!(
         "preloaded {} records ({} operations, {} dead letters to be) in {:.1} s; expecting {} verdicts ({} timer), {} anomalies",
@@ -326,7 +326,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) {
     let t = cfg.topics.clone();
     admin::ensure_topics(&cfg.kafka, &t.all(), partitions, 1).unwrap();
     let mut child = spawn(&file, &["run"]);
-    let mut args = LoadgenArgs {
+    let mut args = Workload {
         operations: 200,
         entities: None,
         seed: 2,
@@ -338,7 +338,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) {
         faults: loadgen::Faults::default(),
     };
     // Warm-up: the pipeline has joined its group once these are judged.
-    let warm = args.options(&cfg, loadgen::now_ms()).unwrap();
+    let warm = args.options(&cfg, reconciler::clock::now_ms()).unwrap();
     let (_, truth) = loadgen::publish(&cfg, Generator::new(warm), false, false).unwrap();
     let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts], partitions).unwrap();
     assert!(
@@ -348,7 +348,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) {
     let per_unit = loadgen::records_per_unit(&args.options(&cfg, 0).unwrap());
     args.operations = (rate * secs as f64 / per_unit) as u64;
     args.seed = 3;
-    let opts = args.options(&cfg, loadgen::now_ms() + 200).unwrap();
+    let opts = args.options(&cfg, reconciler::clock::now_ms() + 200).unwrap();
     let run_start = opts.start_ms;
     let done = Arc::new(AtomicBool::new(false));
     let flag = done.clone();
@@ -366,7 +366,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) {
     let mut proc = ProcSample::default();
     loop {
         reader.read_until(Duration::from_millis(200), |_| false);
-        let now = loadgen::now_ms();
+        let now = reconciler::clock::now_ms();
         for r in &reader.records[seen..] {
             let Some(v) = r.value.as_deref().and_then(|b| codec.decode_verdict(b).ok()) else { continue };
             // The verdict's record timestamp: when the pipeline handed it

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use reconciler::config::Config;
 use reconciler::core::{apply, Disposition, EntityState, Event, OperationState, Output, SourcePos};
-use reconciler::demo::{self, DemoRecord};
-use reconciler::operator::timeline::{self, Arrival};
+use reconciler::demo;
+use reconciler::records::InputRecord;
+use reconciler::store::timeline::{self, Arrival};
 use reconciler::store::{Batch, Store};
 
 struct Applied {
@@ -24,7 +25,7 @@ fn bench(c: &mut Criterion) {
     let policy = cfg.policy();
     let evs: Vec<Event> = demo::workload(1_700_000_000_000, 200)
         .into_iter()
-        .filter_map(|r| if let DemoRecord::Event(e) = r { Some(e) } else { None })
+        .filter_map(|r| if let InputRecord::Event(e) = r { Some(e) } else { None })
         .take(5000)
         .collect();
     let mut ops: HashMap<String, Option<OperationState>> = HashMap::new();

@@ -22,11 +22,12 @@ use std::time::{Duration, Instant};
 
 use reconciler::codec::Codec;
 use reconciler::config::Config;
-use reconciler::kafka::Record;
-use reconciler::loadgen::{self, Generator, MemoryTopic, Options};
+use reconciler::config::StoreTuning;
+use reconciler::loadgen::{Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
-use reconciler::store::{Store, Tuning};
+use reconciler::records::Record;
+use reconciler::store::Store;
 
 /// The binary's allocator, so the figures are the binary's.
 #[global_allocator]
@@ -57,8 +58,8 @@ fn main() {
     let codec = Codec::new();
     // REBUILD_BLOCK_CACHE_MB / REBUILD_WRITE_BUFFER_MB: the `[store]`
     // budget, to show that RSS follows it rather than the operations held.
-    let defaults = Tuning::default();
-    let tuning = Tuning {
+    let defaults = StoreTuning::default();
+    let tuning = StoreTuning {
         block_cache_mb: env("REBUILD_BLOCK_CACHE_MB", defaults.block_cache_mb),
         write_buffer_mb: env("REBUILD_WRITE_BUFFER_MB", defaults.write_buffer_mb),
     };
@@ -68,7 +69,7 @@ fn main() {
     // REBUILD_OUTPUTS=1: outputs encoded and stored, as `replay
     // --output-prefix` does (else counted only, as a plain replay does).
     let discard_outputs = env("REBUILD_OUTPUTS", 0) == 0;
-    let mut opts = Options::preload(operations, 5, loadgen::now_ms());
+    let mut opts = Options::preload(operations, 5, reconciler::clock::now_ms());
     // A fixed entity count and no per-operation truth: nothing in this
     // process but the store should grow with the operations.
     opts.entities = 100_000;
@@ -91,7 +92,7 @@ fn main() {
         let records: Vec<Record> = gen
             .by_ref()
             .take(batch)
-            .map(|p| topic.append(loadgen::to_outbox(&codec, &cfg.topics.events, &p.record).unwrap()))
+            .map(|p| topic.append(p.record.to_outbox(&codec, &cfg.topics.events).unwrap()))
             .collect();
         if records.is_empty() {
             break;

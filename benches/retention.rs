@@ -34,10 +34,12 @@ use reconciler::codec::Codec;
 use reconciler::config::Config;
 use reconciler::core::event::{Body, Decision, Event};
 use reconciler::core::Status;
-use reconciler::kafka::Record;
-use reconciler::loadgen::{self, Generator, LoadRecord, MemoryTopic, Options};
+use reconciler::loadgen::{Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
-use reconciler::pipeline::{event_record, Applier, Stats};
+use reconciler::pipeline::{Applier, Stats};
+use reconciler::records::event_record;
+use reconciler::records::InputRecord;
+use reconciler::records::Record;
 use reconciler::store::Store;
 
 #[global_allocator]
@@ -116,10 +118,10 @@ fn main() {
     loop {
         let mut records = std::mem::take(&mut pending);
         for p in gen.by_ref().take(5_000) {
-            if let LoadRecord::Event(e) = &p.record {
+            if let InputRecord::Event(e) = &p.record {
                 event_time = event_time.max(e.occurred_at);
             }
-            records.push(topic.append(loadgen::to_outbox(&codec, &cfg.topics.events, &p.record).unwrap()));
+            records.push(topic.append(p.record.to_outbox(&codec, &cfg.topics.events).unwrap()));
         }
         if records.is_empty() {
             break;

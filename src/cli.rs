@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::core::event::Decision;
 use crate::core::Outcome;
+use crate::loadgen::{Action, EventTime, Faults, Workload};
 use crate::operator::commands::parse_position;
 use crate::operator::render::{parse_decision, parse_duration, parse_outcome, parse_waiting};
 use crate::operator::review::Waiting;
@@ -25,6 +26,7 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -38,12 +40,16 @@ const EXAMPLES: &str = "Examples:
 
 Every subcommand has its own --help with an example.";
 
+/// How log lines are written to stderr (`--log-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines, for a terminal.
     Pretty,
+    /// One JSON object per line, for a log collector.
     Json,
 }
 
+/// The subcommands of `reconciler`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the pipeline: consume ops.events, publish verdicts, anomalies and
@@ -83,10 +89,13 @@ pub enum Command {
     /// Example: reconciler loadgen --operations 100000 --truth truth.json
     #[command(args_conflicts_with_subcommands = true)]
     Loadgen {
+        /// `verify` or `passthrough`; without one, generate and publish a
+        /// workload.
         #[command(subcommand)]
         action: Option<LoadgenAction>,
+        /// The generator's and the publisher's options.
         #[command(flatten)]
-        args: crate::loadgen::LoadgenArgs,
+        args: LoadgenArgs,
     },
     /// Explain one operation: state, expected vs observed evidence, timeline.
     ///
@@ -98,6 +107,7 @@ pub enum Command {
     Explain {
         /// The operation_id.
         operation_id: String,
+        /// The state directory to read and the output format.
         #[command(flatten)]
         view: ViewArgs,
     },
@@ -123,6 +133,7 @@ pub enum Command {
         /// a machine action (PROBE, REQUEUE) until their follow-up.
         #[arg(long, value_parser = parse_waiting, default_value = "person")]
         waiting: Waiting,
+        /// The state directory to read and the output format.
         #[command(flatten)]
         view: ViewArgs,
     },
@@ -148,6 +159,7 @@ pub enum Command {
         /// What was checked (repeatable).
         #[arg(long = "evidence-checked")]
         evidence_checked: Vec<String>,
+        /// The state directory to read and the output format.
         #[command(flatten)]
         view: ViewArgs,
     },
@@ -177,6 +189,7 @@ pub enum Command {
     ///
     /// Example: reconciler dlq inspect --class bad_magic --limit 20
     Dlq {
+        /// `inspect` or `redrive`.
         #[command(subcommand)]
         command: DlqCommand,
     },
@@ -193,6 +206,7 @@ pub struct ViewArgs {
     pub json: bool,
 }
 
+/// What `reconciler dlq` does with the dead letters.
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// Show dead letters with their provenance, oldest first.
@@ -231,6 +245,105 @@ pub enum DlqCommand {
     },
 }
 
+/// Options of `reconciler loadgen` (the generator and the publisher).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadgenArgs {
+    /// Operations to create.
+    #[arg(long, default_value_t = 10_000)]
+    pub operations: u64,
+    /// Entities they are spread over (default: operations / 4, at least 64).
+    #[arg(long)]
+    pub entities: Option<u64>,
+    /// Seed: the same seed and options give the same records.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Target rate in records per second; 0 sends as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Event time of the workload: past (hours ago: every deadline is due
+    /// at once) or now (the time each unit is sent: paced runs, latency).
+    #[arg(long, value_parser = parse_event_time, default_value = "past")]
+    pub event_time: EventTime,
+    /// confirm_within_ms written into every request.
+    #[arg(long, default_value_t = 300_000)]
+    pub confirm_within_ms: i64,
+    /// Where to write the ground truth (JSON).
+    #[arg(long)]
+    pub truth: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    /// The rate of each fault (`--duplicate-delivery 0.03`, ...).
+    #[command(flatten)]
+    pub faults: FaultArgs,
+}
+
+impl From<LoadgenArgs> for Workload {
+    fn from(a: LoadgenArgs) -> Workload {
+        Workload {
+            operations: a.operations,
+            entities: a.entities,
+            seed: a.seed,
+            rate: a.rate,
+            event_time: a.event_time,
+            confirm_within_ms: a.confirm_within_ms,
+            truth: a.truth,
+            quiet: a.quiet,
+            faults: a.faults.0,
+        }
+    }
+}
+
+fn parse_event_time(text: &str) -> Result<EventTime, String> {
+    match text {
+        "past" => Ok(EventTime::Past),
+        "now" => Ok(EventTime::Now),
+        _ => Err(format!("{text:?} is not past or now")),
+    }
+}
+
+/// A flag per fault of [`Faults::SPEC`] (`--garbage 0.01`, ...), built from
+/// that table so that adding a fault adds its flag.
+#[derive(Debug, Clone)]
+pub struct FaultArgs(pub Faults);
+
+impl clap::FromArgMatches for FaultArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut f = FaultArgs(Faults::default());
+        f.update_from_arg_matches(m)?;
+        Ok(f)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        for spec in Faults::SPEC {
+            if let (Some(rate), Some(slot)) = (m.get_one::<f64>(spec.name), self.0.rate_mut(spec.name)) {
+                *slot = *rate;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for FaultArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Faults::SPEC.iter().fold(cmd, |cmd, spec| {
+            cmd.arg(
+                clap::Arg::new(spec.name)
+                    .long(spec.flag)
+                    .value_name("RATE")
+                    .value_parser(clap::value_parser!(f64))
+                    .default_value(spec.default)
+                    .help(spec.help.trim()),
+            )
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// What `reconciler loadgen` does besides generating.
 #[derive(Debug, Subcommand)]
 pub enum LoadgenAction {
     /// Read the verdict, anomaly and dead-letter topics and compare them with
@@ -259,7 +372,19 @@ pub enum LoadgenAction {
         /// Records to copy.
         #[arg(long)]
         count: u64,
+        /// Give up after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },
+}
+
+impl From<LoadgenAction> for Action {
+    fn from(a: LoadgenAction) -> Action {
+        match a {
+            LoadgenAction::Verify { truth, timeout_secs, state_dir } => {
+                Action::Verify { truth, timeout_secs, state_dir }
+            }
+            LoadgenAction::Passthrough { to, count, timeout_secs } => Action::Passthrough { to, count, timeout_secs },
+        }
+    }
 }

@@ -1,32 +1,18 @@
 //! The demo workload: a small, realistic set of operations with every kind
 //! of fault the reconciler detects, stamped relative to a start time.
 //!
-//! The same workload drives `reconciler demo` and the integration tests.
+//! The same workload drives `reconciler demo` and the integration tests;
+//! its records are [`InputRecord`]s, as loadgen's are.
 //! Its expected verdicts are not written down by hand: they come from
 //! running the workload through the in-memory core, so the demo's "settled"
 //! condition is "the broker pipeline produced what the core predicts".
 
 use crate::core::event::{Body, Decision, EffectObserved, ErrorClass, Event, EvidenceSource, Requested};
-
-/// One record to publish: key, value (None = a tombstone/null value) and
-/// whether it is deliberately broken.
-#[derive(Debug, Clone)]
-pub enum DemoRecord {
-    Event(Event),
-    /// Raw bytes under a key: garbage, a null value, or a valid event under
-    /// the wrong key.
-    Raw {
-        key: Vec<u8>,
-        value: Option<Vec<u8>>,
-        what: &'static str,
-    },
-    /// A valid event published under a key that is not its entity_id.
-    Misrouted(Event),
-}
+use crate::records::InputRecord;
 
 struct Builder {
     start: i64,
-    records: Vec<DemoRecord>,
+    records: Vec<InputRecord>,
     copy: usize,
 }
 
@@ -46,7 +32,7 @@ impl Builder {
     }
 
     fn push(&mut self, e: Event) {
-        self.records.push(DemoRecord::Event(e));
+        self.records.push(InputRecord::Event(e));
     }
 }
 
@@ -82,7 +68,7 @@ fn unknown() -> Body {
 
 /// The workload: `copies` copies of each story, starting at `start` (ms).
 /// Deadlines use the per-type windows of [`demo_types`].
-pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
+pub fn workload(start: i64, copies: usize) -> Vec<InputRecord> {
     let mut b = Builder { start, records: Vec::new(), copy: 0 };
     use EvidenceSource::*;
     for copy in 0..copies {
@@ -252,19 +238,30 @@ pub fn workload(start: i64, copies: usize) -> Vec<DemoRecord> {
         );
         b.push(e);
         // Garbage.
-        b.records.push(DemoRecord::Raw {
+        // Random bytes, a null value, JSON instead of Avro.
+        b.records.push(InputRecord::Raw {
             key: format!("cust-x-{copy}").into_bytes(),
             value: Some(b"\x00\x01 not avro at all".to_vec()),
-            what: "random bytes",
+            class: "bad_magic",
         });
-        b.records.push(DemoRecord::Raw { key: format!("cust-y-{copy}").into_bytes(), value: None, what: "null value" });
-        b.records.push(DemoRecord::Raw {
+        b.records.push(InputRecord::Raw {
+            key: format!("cust-y-{copy}").into_bytes(),
+            value: None,
+            class: "null_value",
+        });
+        b.records.push(InputRecord::Raw {
             key: format!("cust-z-{copy}").into_bytes(),
             value: Some(br#"{"event_id":"json-1","body":"Requested"}"#.to_vec()),
-            what: "JSON instead of Avro",
+            class: "bad_magic",
         });
+        // A valid event under another key than its entity.
         let e = b.ev("misrouted", "cust-990", s, Some(1), 0, "e0", requested(1, true, true));
-        b.records.push(DemoRecord::Misrouted(e));
+        let value = Some(crate::codec::Codec::new().encode_event(&e).expect("the demo's events encode"));
+        b.records.push(InputRecord::Raw {
+            key: format!("not-{}", e.entity_id).into_bytes(),
+            value,
+            class: "key_mismatch",
+        });
     }
     b.records
 }
@@ -279,24 +276,30 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::system_clock;
 use crate::codec::Codec;
 use crate::config::{Config, TypeConfig};
 use crate::core::memory::MemoryEngine;
 use crate::core::{Output, Verdict};
 use crate::kafka::producer::Publisher;
 use crate::kafka::reader::TopicReader;
-use crate::kafka::KafkaError;
-use crate::pipeline::{system_clock, Pipeline, PipelineError};
-use crate::store::OutboxRecord;
+use crate::pipeline::{Pipeline, PipelineError};
 
 /// What the demo saw on the output topics.
 #[derive(Debug, Default)]
 pub struct DemoReport {
+    /// Input records published (valid events and the deliberately broken
+    /// records).
     pub published: usize,
+    /// Distinct verdicts the in-memory core predicts for the workload.
     pub expected_verdicts: usize,
+    /// Distinct verdicts that arrived, by `decided_at`, then operation.
     pub verdicts: Vec<Verdict>,
+    /// Distinct anomalies that arrived, by kind.
     pub anomalies: BTreeMap<String, usize>,
+    /// Records read from the dead-letter topic.
     pub dead_letters: usize,
+    /// Every predicted verdict arrived before the timeout.
     pub settled: bool,
 }
 
@@ -309,12 +312,12 @@ pub fn configure(cfg: &mut Config) {
 
 /// What the core decides for the workload when every timer up to
 /// `horizon` (event time) has fired: the outputs and the final state.
-pub fn predict(cfg: &Config, records: &[DemoRecord], horizon: i64) -> (Vec<Output>, MemoryEngine) {
+pub fn predict(cfg: &Config, records: &[InputRecord], horizon: i64) -> (Vec<Output>, MemoryEngine) {
     let policy = cfg.policy();
     let mut engine = MemoryEngine::new();
     let mut out = Vec::new();
     let events = records.iter().filter_map(|r| match r {
-        DemoRecord::Event(e) => Some(e.clone()),
+        InputRecord::Event(e) => Some(e.clone()),
         _ => None,
     });
     engine.replay(&policy, events, horizon, &mut out);
@@ -323,7 +326,7 @@ pub fn predict(cfg: &Config, records: &[DemoRecord], horizon: i64) -> (Vec<Outpu
 
 /// The verdicts the core predicts once every confirmation deadline (but no
 /// retention) has passed.
-pub fn predicted_verdicts(cfg: &Config, records: &[DemoRecord], start: i64) -> Vec<Verdict> {
+pub fn predicted_verdicts(cfg: &Config, records: &[InputRecord], start: i64) -> Vec<Verdict> {
     predict(cfg, records, start + 3_600_000)
         .0
         .into_iter()
@@ -336,17 +339,9 @@ pub fn predicted_verdicts(cfg: &Config, records: &[DemoRecord], start: i64) -> V
 
 /// Publishes the workload to the input topic (the entity id as key, except
 /// for the deliberately broken records).
-pub fn publish(cfg: &Config, records: &[DemoRecord]) -> Result<usize, PipelineError> {
+pub fn publish(cfg: &Config, records: &[InputRecord]) -> Result<usize, PipelineError> {
     let codec = Codec::new();
-    let mut out = Vec::new();
-    for r in records {
-        let (key, value) = match r {
-            DemoRecord::Event(e) => (e.entity_id.clone().into_bytes(), Some(codec.encode_event(e)?)),
-            DemoRecord::Raw { key, value, .. } => (key.clone(), value.clone()),
-            DemoRecord::Misrouted(e) => (format!("not-{}", e.entity_id).into_bytes(), Some(codec.encode_event(e)?)),
-        };
-        out.push(OutboxRecord { topic: cfg.topics.events.clone(), key: Some(key), value, headers: vec![] });
-    }
+    let out = records.iter().map(|r| r.to_outbox(&codec, &cfg.topics.events)).collect::<Result<Vec<_>, _>>()?;
     let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
     Ok(publisher.publish_all(out.iter().map(|r| (r, None)))?)
 }
@@ -379,7 +374,7 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
         Ok(r) => {
             r?;
         }
-        Err(_) => return Err(KafkaError::Other("the pipeline thread panicked".into()).into()),
+        Err(_) => return Err(PipelineError::ThreadPanicked("pipeline")),
     }
     let mut seen = HashMap::new();
     for r in reader.of(&t.verdicts) {

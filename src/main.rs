@@ -9,9 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use reconciler::cli::{Cli, Command, DlqCommand, LogFormat};
+use reconciler::clock::system_clock;
 use reconciler::config::Config;
 use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
-use reconciler::pipeline::{system_clock, Pipeline};
+use reconciler::pipeline::Pipeline;
 use reconciler::{demo, http, loadgen, report};
 
 /// mimalloc rather than the system allocator: the pipeline allocates and
@@ -125,7 +126,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", commands::dlq_redrive_cmd(&cfg, &filter, dry_run, json)?);
             Ok(())
         }
-        Command::Loadgen { action, args } => Ok(loadgen::command(&cfg, action, &args)?),
+        Command::Loadgen { action, args } => Ok(loadgen::command(&cfg, action.map(Into::into), &args.into())?),
     }
 }
 
@@ -154,7 +155,7 @@ fn causes(e: &anyhow::Error) -> String {
 }
 
 fn main() -> ExitCode {
-    // Crash points armed by FAILPOINTS (test builds only; see src/faults.rs).
+    // Crash points armed by FAILPOINTS (test builds only; see src/pipeline/faults.rs).
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();

@@ -127,13 +127,10 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn source(&mut self) -> Result<EvidenceSource, DecodeError> {
-        Ok(match self.index("source", 4)? {
-            0 => EvidenceSource::WorkerResponse,
-            1 => EvidenceSource::DestinationQuery,
-            2 => EvidenceSource::Receipt,
-            _ => EvidenceSource::ResultFile,
-        })
+    /// An enum is written as the index of its symbol: the variant's
+    /// position in `all` (declaration order is schema order).
+    fn symbol<T: Copy>(&mut self, field: &str, all: &[T]) -> Result<T, DecodeError> {
+        Ok(all[self.index(field, all.len())?])
     }
 
     fn body(&mut self) -> Result<Body, DecodeError> {
@@ -150,11 +147,7 @@ impl<'a> Reader<'a> {
             1 => Body::Started { attempt: self.int("attempt")?, worker: self.string("worker")? },
             2 => Body::AttemptFailed {
                 attempt: self.int("attempt")?,
-                error_class: if self.index("error_class", 2)? == 0 {
-                    ErrorClass::Transient
-                } else {
-                    ErrorClass::Permanent
-                },
+                error_class: self.symbol("error_class", &ErrorClass::ALL)?,
                 error_code: self.string("error_code")?,
                 detail: self.string("detail")?,
                 next_attempt_at: self.opt_long("next_attempt_at")?,
@@ -164,20 +157,18 @@ impl<'a> Reader<'a> {
                 remote_id: self.opt_string("remote_id")?,
                 observed_version: self.opt_long("observed_version")?,
                 observed_fingerprint: self.opt_string("observed_fingerprint")?,
-                source: self.source()?,
+                source: self.symbol("source", &EvidenceSource::ALL)?,
                 evidence_ref: self.opt_string("evidence_ref")?,
             }),
-            5 => Body::EffectAbsent { source: self.source()?, evidence_ref: self.opt_string("evidence_ref")? },
+            5 => Body::EffectAbsent {
+                source: self.symbol("source", &EvidenceSource::ALL)?,
+                evidence_ref: self.opt_string("evidence_ref")?,
+            },
             6 => Body::Compensated { actor: self.string("actor")?, reason: self.string("reason")? },
             7 => Body::Cancelled { reason: self.string("reason")? },
             8 => Body::ManualDecision {
                 actor: self.string("actor")?,
-                decision: match self.index("decision", 4)? {
-                    0 => Decision::Confirm,
-                    1 => Decision::Requeue,
-                    2 => Decision::Compensate,
-                    _ => Decision::Close,
-                },
+                decision: self.symbol("decision", &Decision::ALL)?,
                 note: self.string("note")?,
                 evidence_checked: self.strings("evidence_checked")?,
             },
@@ -247,12 +238,7 @@ impl Writer<'_> {
     }
 
     fn source(&mut self, s: EvidenceSource) {
-        self.long(match s {
-            EvidenceSource::WorkerResponse => 0,
-            EvidenceSource::DestinationQuery => 1,
-            EvidenceSource::Receipt => 2,
-            EvidenceSource::ResultFile => 3,
-        });
+        self.long(s as i64);
     }
 }
 
@@ -285,7 +271,7 @@ pub(super) fn encode(ev: &Event, out: &mut Vec<u8>) {
         Body::AttemptFailed { attempt, error_class, error_code, detail, next_attempt_at } => {
             w.long(2);
             w.long((*attempt).into());
-            w.long(if *error_class == ErrorClass::Transient { 0 } else { 1 });
+            w.long(*error_class as i64);
             w.string(error_code);
             w.string(detail);
             w.opt_long(*next_attempt_at);
@@ -320,12 +306,7 @@ pub(super) fn encode(ev: &Event, out: &mut Vec<u8>) {
         Body::ManualDecision { actor, decision, note, evidence_checked } => {
             w.long(8);
             w.string(actor);
-            w.long(match decision {
-                Decision::Confirm => 0,
-                Decision::Requeue => 1,
-                Decision::Compensate => 2,
-                Decision::Close => 3,
-            });
+            w.long(*decision as i64);
             w.string(note);
             if !evidence_checked.is_empty() {
                 w.long(evidence_checked.len() as i64);

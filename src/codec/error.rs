@@ -4,28 +4,90 @@
 /// Why a record could not be turned into a valid event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
+    /// The record has no value (a tombstone): nothing to decode.
     #[error("record has no value (null)")]
     NullValue,
+    /// The value exceeds the configured size limit (SPEC §8); not decoded.
     #[error("record of {size} bytes exceeds the limit of {limit} bytes")]
-    Oversize { size: usize, limit: usize },
+    Oversize {
+        /// Size of the value in bytes.
+        size: usize,
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+    /// The value does not start with `C3 01`: not single-object encoded
+    /// (e.g. plain JSON, or Confluent wire format).
     #[error("bad magic: expected C3 01 (Avro single-object encoding), found {found}")]
-    BadMagic { found: String },
+    BadMagic {
+        /// The first two bytes, in hex.
+        found: String,
+    },
+    /// The value is shorter than the marker and fingerprint.
     #[error("truncated header: {len} bytes, single-object encoding needs at least 10")]
-    TruncatedHeader { len: usize },
+    TruncatedHeader {
+        /// Length of the value in bytes.
+        len: usize,
+    },
+    /// No shipped schema has this fingerprint: a writer with a schema that is
+    /// not (yet) in `schemas/`.
     #[error("unknown writer schema fingerprint {fingerprint:016x}")]
-    UnknownFingerprint { fingerprint: u64 },
+    UnknownFingerprint {
+        /// The fingerprint read from the header.
+        fingerprint: u64,
+    },
+    /// The writer schema is known but of another record type (e.g. a
+    /// verdict written to the input topic).
     #[error("writer schema {found} is not a {expected}")]
-    WrongSchema { expected: &'static str, found: String },
+    WrongSchema {
+        /// Full name of the schema the topic carries.
+        expected: &'static str,
+        /// Full name of the record's writer schema.
+        found: String,
+    },
+    /// The body ends before the writer schema's last field.
     #[error("truncated body: the record ends before {schema} is complete ({detail})")]
-    TruncatedBody { schema: String, detail: String },
+    TruncatedBody {
+        /// The writer schema (full name, and file where known).
+        schema: String,
+        /// Where it ended, as the decoder reports it.
+        detail: String,
+    },
+    /// The body does not follow the writer schema (bad varint, union index
+    /// or UTF-8), or does not resolve or convert to the product's type.
     #[error("malformed body for {schema}: {detail}")]
-    Malformed { schema: String, detail: String },
+    Malformed {
+        /// The writer schema (full name, and file where known).
+        schema: String,
+        /// What was wrong, as the decoder reports it.
+        detail: String,
+    },
+    /// Bytes left after a complete body: typically a writer whose schema is
+    /// not the one its fingerprint names.
     #[error("{trailing} trailing bytes after the {schema} body")]
-    TrailingBytes { schema: String, trailing: usize },
+    TrailingBytes {
+        /// The writer schema.
+        schema: String,
+        /// How many bytes were left.
+        trailing: usize,
+    },
+    /// A field is missing or of the wrong type, or breaks SPEC §8
+    /// validation (an empty id, seq below 1, a non-positive window).
     #[error("invalid field {field}: {reason}")]
-    InvalidField { field: &'static str, reason: String },
+    InvalidField {
+        /// The schema field at fault.
+        field: &'static str,
+        /// What its value breaks.
+        reason: String,
+    },
+    /// The record key is not the event's entity_id (SPEC §2): the entity's
+    /// events could land on another partition and lose their order.
     #[error("record key {} does not equal entity_id {entity_id:?}: producers must key by entity_id", key.as_ref().map_or_else(|| "(none)".to_owned(), |k| format!("{k:?}")))]
-    KeyMismatch { key: Option<String>, entity_id: String },
+    KeyMismatch {
+        /// The record key (lossy UTF-8), `None` when the record had none.
+        key: Option<String>,
+        /// The event's entity_id.
+        entity_id: String,
+    },
 }
 
 impl DecodeError {
@@ -63,6 +125,8 @@ impl DecodeError {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot encode a {schema}: {detail}")]
 pub struct EncodeError {
+    /// Full name of the schema the value was checked against.
     pub schema: &'static str,
+    /// What the Avro writer rejected.
     pub detail: String,
 }

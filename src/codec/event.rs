@@ -94,14 +94,19 @@ fn string_array(fields: &mut Fields, name: &'static str) -> Result<Vec<String>, 
     }
 }
 
+/// The variant of `all` whose schema symbol is the field's.
+fn variant<T: Copy>(
+    fields: &mut Fields,
+    name: &'static str,
+    all: &[T],
+    as_str: fn(T) -> &'static str,
+) -> Result<T, DecodeError> {
+    let s = symbol(fields, name)?;
+    all.iter().copied().find(|v| as_str(*v) == s).ok_or_else(|| invalid(name, format!("unknown symbol {s}")))
+}
+
 fn source(fields: &mut Fields) -> Result<EvidenceSource, DecodeError> {
-    Ok(match symbol(fields, "source")?.as_str() {
-        "WORKER_RESPONSE" => EvidenceSource::WorkerResponse,
-        "DESTINATION_QUERY" => EvidenceSource::DestinationQuery,
-        "RECEIPT" => EvidenceSource::Receipt,
-        "RESULT_FILE" => EvidenceSource::ResultFile,
-        other => return Err(invalid("source", format!("unknown symbol {other}"))),
-    })
+    variant(fields, "source", &EvidenceSource::ALL, EvidenceSource::as_str)
 }
 
 /// The body union's branches, in schema order.
@@ -140,11 +145,7 @@ fn body(v: Value) -> Result<Body, DecodeError> {
         "Started" => Body::Started { attempt: int(f, "attempt")?, worker: string(f, "worker")? },
         "AttemptFailed" => Body::AttemptFailed {
             attempt: int(f, "attempt")?,
-            error_class: match symbol(f, "error_class")?.as_str() {
-                "TRANSIENT" => ErrorClass::Transient,
-                "PERMANENT" => ErrorClass::Permanent,
-                other => return Err(invalid("error_class", format!("unknown symbol {other}"))),
-            },
+            error_class: variant(f, "error_class", &ErrorClass::ALL, ErrorClass::as_str)?,
             error_code: string(f, "error_code")?,
             detail: string(f, "detail")?,
             next_attempt_at: opt_long(f, "next_attempt_at")?,
@@ -162,13 +163,7 @@ fn body(v: Value) -> Result<Body, DecodeError> {
         "Cancelled" => Body::Cancelled { reason: string(f, "reason")? },
         "ManualDecision" => Body::ManualDecision {
             actor: string(f, "actor")?,
-            decision: match symbol(f, "decision")?.as_str() {
-                "CONFIRM" => Decision::Confirm,
-                "REQUEUE" => Decision::Requeue,
-                "COMPENSATE" => Decision::Compensate,
-                "CLOSE" => Decision::Close,
-                other => return Err(invalid("decision", format!("unknown symbol {other}"))),
-            },
+            decision: variant(f, "decision", &Decision::ALL, Decision::as_str)?,
             note: string(f, "note")?,
             evidence_checked: string_array(f, "evidence_checked")?,
         },
@@ -238,14 +233,13 @@ fn rec(fields: Vec<(&str, Value)>) -> Value {
     Value::Record(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
+/// An enum value: the symbol's index (the variant's declaration index) and name.
+fn enum_value(index: usize, name: &str) -> Value {
+    Value::Enum(index as u32, name.to_owned())
+}
+
 fn source_value(s: EvidenceSource) -> Value {
-    let (i, name) = match s {
-        EvidenceSource::WorkerResponse => (0, "WORKER_RESPONSE"),
-        EvidenceSource::DestinationQuery => (1, "DESTINATION_QUERY"),
-        EvidenceSource::Receipt => (2, "RECEIPT"),
-        EvidenceSource::ResultFile => (3, "RESULT_FILE"),
-    };
-    Value::Enum(i, name.to_owned())
+    enum_value(s as usize, s.as_str())
 }
 
 /// The value of an [`Event`] in the current `OperationEvent` schema.
@@ -268,13 +262,7 @@ pub(super) fn event_to_value(ev: &Event) -> Value {
         Body::Started { attempt, worker } => rec(vec![("attempt", Value::Int(*attempt)), ("worker", s(worker))]),
         Body::AttemptFailed { attempt, error_class, error_code, detail, next_attempt_at } => rec(vec![
             ("attempt", Value::Int(*attempt)),
-            (
-                "error_class",
-                match error_class {
-                    ErrorClass::Transient => Value::Enum(0, "TRANSIENT".into()),
-                    ErrorClass::Permanent => Value::Enum(1, "PERMANENT".into()),
-                },
-            ),
+            ("error_class", enum_value(*error_class as usize, error_class.as_str())),
             ("error_code", s(error_code)),
             ("detail", s(detail)),
             ("next_attempt_at", opt(*next_attempt_at, Value::TimestampMillis)),
@@ -292,20 +280,12 @@ pub(super) fn event_to_value(ev: &Event) -> Value {
         }
         Body::Compensated { actor, reason } => rec(vec![("actor", s(actor)), ("reason", s(reason))]),
         Body::Cancelled { reason } => rec(vec![("reason", s(reason))]),
-        Body::ManualDecision { actor, decision, note, evidence_checked } => {
-            let (i, name) = match decision {
-                Decision::Confirm => (0, "CONFIRM"),
-                Decision::Requeue => (1, "REQUEUE"),
-                Decision::Compensate => (2, "COMPENSATE"),
-                Decision::Close => (3, "CLOSE"),
-            };
-            rec(vec![
-                ("actor", s(actor)),
-                ("decision", Value::Enum(i, name.to_owned())),
-                ("note", s(note)),
-                ("evidence_checked", Value::Array(evidence_checked.iter().map(|e| s(e)).collect())),
-            ])
-        }
+        Body::ManualDecision { actor, decision, note, evidence_checked } => rec(vec![
+            ("actor", s(actor)),
+            ("decision", enum_value(*decision as usize, decision.as_str())),
+            ("note", s(note)),
+            ("evidence_checked", Value::Array(evidence_checked.iter().map(|e| s(e)).collect())),
+        ]),
         Body::DeadlineReached { deadline } => rec(vec![("deadline", Value::TimestampMillis(*deadline))]),
     };
     let branch = BODY_BRANCHES.iter().position(|b| *b == ev.body.name()).expect("every body is a branch") as u32;

@@ -40,6 +40,7 @@ impl Codec {
         Codec { schemas: SchemaSet::builtin() }
     }
 
+    /// The schema set it encodes and decodes with.
     pub fn schemas(&self) -> &SchemaSet {
         &self.schemas
     }
@@ -96,26 +97,34 @@ impl Codec {
         binary::FINGERPRINT
     }
 
+    /// Encodes a verdict with the current `Verdict` schema, header included.
     pub fn encode_verdict(&self, v: &Verdict) -> Result<Vec<u8>, EncodeError> {
         self.schemas.encode(SchemaKind::Verdict, v)
     }
 
+    /// Encodes an anomaly with the current `Anomaly` schema, header included.
     pub fn encode_anomaly(&self, a: &Anomaly) -> Result<Vec<u8>, EncodeError> {
         self.schemas.encode(SchemaKind::Anomaly, a)
     }
 
+    /// Encodes a repair command with the current `RepairCommand` schema,
+    /// header included.
     pub fn encode_command(&self, c: &RepairCommand) -> Result<Vec<u8>, EncodeError> {
         self.schemas.encode(SchemaKind::RepairCommand, c)
     }
 
+    /// Decodes a verdict written with any known version of its schema
+    /// (replay, the demo and the loadgen checker read the output topics).
     pub fn decode_verdict(&self, bytes: &[u8]) -> Result<Verdict, DecodeError> {
         self.schemas.decode_serde(SchemaKind::Verdict, bytes)
     }
 
+    /// Decodes an anomaly written with any known version of its schema.
     pub fn decode_anomaly(&self, bytes: &[u8]) -> Result<Anomaly, DecodeError> {
         self.schemas.decode_serde(SchemaKind::Anomaly, bytes)
     }
 
+    /// Decodes a repair command written with any known version of its schema.
     pub fn decode_command(&self, bytes: &[u8]) -> Result<RepairCommand, DecodeError> {
         self.schemas.decode_serde(SchemaKind::RepairCommand, bytes)
     }

@@ -15,9 +15,13 @@ use super::{HEADER_LEN, MAGIC};
 /// The record types of the product's topics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SchemaKind {
+    /// The input topic's events (`operation_event.avsc`).
     OperationEvent,
+    /// The verdicts topic (`verdict.avsc`).
     Verdict,
+    /// The anomalies topic (`anomaly.avsc`).
     Anomaly,
+    /// The commands topic (`repair_command.avsc`).
     RepairCommand,
 }
 
@@ -59,9 +63,13 @@ const MAX_ALLOCATION_BYTES: usize = 16 * 1024 * 1024;
 /// A parsed writer schema.
 #[derive(Debug)]
 pub struct WriterSchema {
+    /// Path under `schemas/`, named in decode errors.
     pub file: &'static str,
+    /// The record type it describes.
     pub kind: SchemaKind,
+    /// CRC-64-AVRO of its Parsing Canonical Form: the key records name it by.
     pub fingerprint: u64,
+    /// The parsed schema.
     pub schema: Schema,
     /// The current version (no resolution needed to read it).
     pub current: bool,
@@ -222,5 +230,57 @@ pub(super) fn decode_value(writer: &WriterSchema, body: &[u8], reader: Option<&S
             detail: format!("schema resolution failed: {e}"),
         }),
         _ => Ok(value),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::event::{Decision, ErrorClass, EvidenceSource};
+    use crate::core::output::{Action, AnomalyKind, Escalation, Outcome, RepairAction, Status};
+
+    /// The symbols of enum `name` in the current schema of `kind`.
+    fn symbols(kind: SchemaKind, name: &str) -> Vec<String> {
+        fn find(v: &serde_json::Value, name: &str) -> Option<Vec<String>> {
+            match v {
+                serde_json::Value::Object(m)
+                    if m.get("type") == Some(&"enum".into()) && m.get("name") == Some(&name.into()) =>
+                {
+                    serde_json::from_value(m["symbols"].clone()).ok()
+                }
+                serde_json::Value::Object(m) => m.values().find_map(|v| find(v, name)),
+                serde_json::Value::Array(a) => a.iter().find_map(|v| find(v, name)),
+                _ => None,
+            }
+        }
+        let (file, text, ..) = SCHEMA_FILES.iter().find(|f| f.2 == kind && f.3).expect("a current schema");
+        let json: serde_json::Value = serde_json::from_str(text).expect("schema is JSON");
+        find(&json, name).unwrap_or_else(|| panic!("enum {name} not in {file}"))
+    }
+
+    fn names<T: Copy>(all: &[T], as_str: fn(T) -> &'static str) -> Vec<String> {
+        all.iter().map(|v| as_str(*v).to_owned()).collect()
+    }
+
+    /// The codec writes a variant's declaration index as its symbol index:
+    /// every enum must list the schema's symbols, in the schema's order.
+    #[test]
+    fn every_schema_enum_matches_its_rust_type() {
+        use SchemaKind::*;
+        let cases = [
+            (OperationEvent, "ErrorClass", names(&ErrorClass::ALL, ErrorClass::as_str)),
+            (OperationEvent, "EvidenceSource", names(&EvidenceSource::ALL, EvidenceSource::as_str)),
+            (OperationEvent, "Decision", names(&Decision::ALL, Decision::as_str)),
+            (Verdict, "Outcome", names(&Outcome::ALL, Outcome::as_str)),
+            (Verdict, "Action", names(&Action::ALL, Action::as_str)),
+            (Verdict, "OperationState", names(&Status::ALL, Status::as_str)),
+            (Verdict, "Decision", names(&Decision::ALL, Decision::as_str)),
+            (Verdict, "Escalation", names(&Escalation::ALL, Escalation::as_str)),
+            (Anomaly, "AnomalyKind", names(&AnomalyKind::ALL, AnomalyKind::as_str)),
+            (RepairCommand, "RepairAction", names(&RepairAction::ALL, RepairAction::as_str)),
+        ];
+        for (kind, name, rust) in cases {
+            assert_eq!(symbols(kind, name), rust, "{name} in {}", kind.full_name());
+        }
     }
 }

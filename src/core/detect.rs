@@ -9,6 +9,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::deadline;
 use super::event::{Body, Event, SourcePos};
+use super::names::named_enum;
 use super::operation::{EntityState, HeldEvent, OperationState, SeqRecord, Trigger};
 use super::output::{AnomalyKind, Output, Status, Supersession};
 use super::policy::Policy;
@@ -17,35 +18,21 @@ use super::verdict::anomaly;
 /// Most missing revisions a SEQ_GAP anomaly lists one by one.
 pub const MAX_NAMED_MISSING: usize = 100;
 
-/// How one input event was accounted for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Disposition {
-    /// Applied to the operation's state.
-    Applied,
-    /// A duplicate delivery or emission: state unchanged.
-    Duplicate,
-    /// Waiting in the reorder buffer.
-    Held,
-    /// Flagged (late, conflicting, invalid): recorded, state never regresses.
-    Anomalous,
-    /// A timer for an operation that no longer exists (left retention).
-    Ignored,
-}
-
-impl Disposition {
-    /// Every disposition, in declaration order (`d as usize` indexes it).
-    pub const ALL: [Disposition; 5] =
-        [Disposition::Applied, Disposition::Duplicate, Disposition::Held, Disposition::Anomalous, Disposition::Ignored];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Disposition::Applied => "applied",
-            Disposition::Duplicate => "duplicate",
-            Disposition::Held => "held",
-            Disposition::Anomalous => "anomalous",
-            Disposition::Ignored => "ignored",
-        }
+named_enum! {
+    /// How one input event was accounted for.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Disposition {
+        /// Applied to the operation's state.
+        Applied => "applied",
+        /// A duplicate delivery or emission: state unchanged.
+        Duplicate => "duplicate",
+        /// Waiting in the reorder buffer.
+        Held => "held",
+        /// Flagged (late, conflicting, invalid): recorded, state never regresses.
+        Anomalous => "anomalous",
+        /// A timer for an operation that no longer exists (left retention).
+        Ignored => "ignored",
     }
 }
 
@@ -70,7 +57,9 @@ pub struct Supersede {
     pub by: Supersession,
     /// The `Requested` just applied (of either): the verdict's trigger.
     pub trigger_event_id: String,
+    /// Event time of that `Requested`: the verdict's `decided_at`.
     pub at: i64,
+    /// Log position of that `Requested`: the verdict's trigger position.
     pub pos: SourcePos,
 }
 

@@ -6,95 +6,111 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::names::named_enum;
+
 /// Where a record came from in the input log. Carried into verdicts and
 /// anomalies so that every output can be traced back to its input offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 pub struct SourcePos {
+    /// Input partition.
     pub partition: i32,
+    /// Offset within the partition.
     pub offset: i64,
 }
 
-/// One lifecycle event of an operation.
+/// One lifecycle event of an operation (SPEC §4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
+    /// Unique per emission: the layer-1 deduplication key.
     pub event_id: String,
+    /// Stable, immutable id of the requested job.
     pub operation_id: String,
+    /// The affected entity; equals the record key, so an entity's events
+    /// share a partition and its order.
     pub entity_id: String,
+    /// E.g. `sync_customer`; selects the per-type policy.
     pub operation_type: String,
     /// Revision of the operation record; `None` for outside observations.
     #[serde(default)]
     pub seq: Option<i64>,
     /// Event time in milliseconds since the epoch.
     pub occurred_at: i64,
+    /// The emitting service (`reconciler` for the events it writes itself).
     pub producer: String,
+    /// What happened.
     pub body: Body,
 }
 
-/// Whether a failed attempt may succeed when retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ErrorClass {
-    Transient,
-    Permanent,
-}
-
-impl ErrorClass {
-    /// The schema symbol.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorClass::Transient => "TRANSIENT",
-            ErrorClass::Permanent => "PERMANENT",
-        }
+named_enum! {
+    /// Whether a failed attempt may succeed when retried.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+    pub enum ErrorClass {
+        /// Retried up to `max_attempts`.
+        Transient => "TRANSIENT",
+        /// Retrying will not help: the operation goes to manual review.
+        Permanent => "PERMANENT",
     }
 }
 
-/// Where a piece of evidence came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum EvidenceSource {
-    WorkerResponse,
-    DestinationQuery,
-    Receipt,
-    ResultFile,
+named_enum! {
+    /// Where a piece of evidence came from.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+    pub enum EvidenceSource {
+        /// The worker's own report of the call's result.
+        WorkerResponse => "WORKER_RESPONSE",
+        /// A query of the destination (what a PROBE asks for).
+        DestinationQuery => "DESTINATION_QUERY",
+        /// A receipt sent back by the destination.
+        Receipt => "RECEIPT",
+        /// A result file delivered by the destination.
+        ResultFile => "RESULT_FILE",
+    }
 }
 
-/// A person's decision for an operation in manual review.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Decision {
-    Confirm,
-    Requeue,
-    Compensate,
-    Close,
-}
-
-impl Decision {
-    pub const ALL: [Decision; 4] = [Decision::Confirm, Decision::Requeue, Decision::Compensate, Decision::Close];
-
-    /// The schema symbol.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Confirm => "CONFIRM",
-            Decision::Requeue => "REQUEUE",
-            Decision::Compensate => "COMPENSATE",
-            Decision::Close => "CLOSE",
-        }
+named_enum! {
+    /// A person's decision for an operation in manual review.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+    pub enum Decision {
+        /// The effect is there and correct: CONFIRMED.
+        Confirm => "CONFIRM",
+        /// Submit the job again: RETRY_SCHEDULED, followed up like an automatic requeue.
+        Requeue => "REQUEUE",
+        /// Undo the duplicate effect (only after a DUPLICATE_EFFECT verdict): COMPENSATED.
+        Compensate => "COMPENSATE",
+        /// Nothing more to do: CLOSED.
+        Close => "CLOSE",
     }
 }
 
 /// The expectation recorded when the operation is requested.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Requested {
+    /// Version of the entity the effect must carry; `None` when only a
+    /// fingerprint (or existence) is checked.
     #[serde(default)]
     pub expected_version: Option<i64>,
+    /// Fingerprint (e.g. a content hash) the effect must carry; `None` when
+    /// not checked.
     #[serde(default)]
     pub expected_fingerprint: Option<String>,
+    /// Key sent to the destination so that a repeated call does not repeat
+    /// the effect; without one an uncertain outcome cannot be probed.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Repeating the call is safe: decides whether an overdue or absent
+    /// effect may be requeued.
     pub idempotent: bool,
+    /// The external system that must hold the effect.
     pub destination: String,
+    /// How long after the request the effect must be confirmed; `None` uses
+    /// the per-type or global default (SPEC §7).
     #[serde(default)]
     pub confirm_within_ms: Option<i64>,
+    /// Attempts allowed before a transient failure goes to manual review;
+    /// `None` uses the per-type or global default.
     #[serde(default)]
     pub max_attempts: Option<i32>,
 }
@@ -102,58 +118,97 @@ pub struct Requested {
 /// Evidence that the effect exists at the destination.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EffectObserved {
+    /// Identifier of the effect at the destination; a second distinct one
+    /// means a duplicate effect.
     #[serde(default)]
     pub remote_id: Option<String>,
+    /// Version the destination holds; compared with the expected version.
     #[serde(default)]
     pub observed_version: Option<i64>,
+    /// Fingerprint the destination holds; compared with the expected fingerprint.
     #[serde(default)]
     pub observed_fingerprint: Option<String>,
+    /// Where this evidence came from.
     pub source: EvidenceSource,
+    /// A safe reference to the evidence (query id, receipt id, file name);
+    /// redacted before it is stored.
     #[serde(default)]
     pub evidence_ref: Option<String>,
 }
 
-/// What happened: one branch of the `body` union.
+/// What happened: one branch of the `body` union (SPEC §4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Body {
+    /// The job was requested: creates the operation in PENDING.
     Requested(Requested),
+    /// A worker started an attempt: PROCESSING.
     Started {
+        /// Number of this attempt, from 1.
         attempt: i32,
+        /// Identity of the worker running the attempt.
         worker: String,
     },
+    /// An attempt failed with a known result: the effect did not happen.
     AttemptFailed {
+        /// Number of the attempt that failed, from 1.
         attempt: i32,
+        /// Whether a retry may succeed.
         error_class: ErrorClass,
+        /// The destination's or worker's error code.
         error_code: String,
+        /// Human-readable detail (redacted).
         detail: String,
+        /// When the worker plans the next attempt: the operation is not
+        /// overdue before it plus the confirmation window (SPEC §11).
         #[serde(default)]
         next_attempt_at: Option<i64>,
     },
+    /// The call may or may not have taken effect (e.g. a timeout after
+    /// sending): AWAITING_CONFIRMATION.
     OutcomeUnknown {
+        /// Number of the attempt whose outcome is unknown.
         attempt: i32,
+        /// Human-readable detail (redacted).
         detail: String,
     },
+    /// Evidence that the effect exists at the destination.
     EffectObserved(EffectObserved),
+    /// A reliable query of the destination found no effect.
     EffectAbsent {
+        /// Where this evidence came from.
         source: EvidenceSource,
+        /// A safe reference to the evidence (redacted).
         #[serde(default)]
         evidence_ref: Option<String>,
     },
+    /// The effect was undone by an explicit business operation: COMPENSATED.
     Compensated {
+        /// Who compensated.
         actor: String,
+        /// Why.
         reason: String,
     },
+    /// The operation no longer applies: NOT_APPLICABLE.
     Cancelled {
+        /// Why it no longer applies; quoted in the verdict's reason.
         reason: String,
     },
+    /// A person decided what to do with an open operation.
     ManualDecision {
+        /// Who decided.
         actor: String,
+        /// What was decided.
         decision: Decision,
+        /// Why (redacted).
         note: String,
+        /// What the person checked before deciding.
         #[serde(default)]
         evidence_checked: Vec<String>,
     },
+    /// Written by the reconciler when an operation's timer is due; judged
+    /// only when consumed, so a replay reproduces it (SPEC §7).
     DeadlineReached {
+        /// The timer's due time (event time).
         deadline: i64,
     },
 }

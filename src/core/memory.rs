@@ -16,11 +16,14 @@ use super::policy::Policy;
 /// on iteration order, `due_timers` sorts.)
 #[derive(Debug, Clone, Default)]
 pub struct MemoryEngine {
+    /// Every operation still in retention, by operation id.
     pub ops: HashMap<String, OperationState>,
+    /// The shared facts of every entity with an operation in `ops`, by entity id.
     pub entities: HashMap<String, EntityState>,
 }
 
 impl MemoryEngine {
+    /// An empty state, as at the start of a replay.
     pub fn new() -> Self {
         Self::default()
     }

@@ -10,6 +10,7 @@ pub mod deadline;
 pub mod detect;
 pub mod event;
 pub mod memory;
+mod names;
 pub mod operation;
 pub mod output;
 pub mod policy;

@@ -18,11 +18,18 @@ use super::verdict::{self, VerdictDraft};
 /// The expectation, fixed when the operation is requested.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestInfo {
+    /// Event time of the `Requested`: the confirmation window starts here.
     pub requested_at: i64,
+    /// Version the effect must carry (SPEC §4 `Requested`).
     pub expected_version: Option<i64>,
+    /// Fingerprint the effect must carry.
     pub expected_fingerprint: Option<String>,
+    /// Key a PROBE or REQUEUE reuses; without one an unknown outcome goes to review.
     pub idempotency_key: Option<String>,
+    /// Repeating the call is safe, so an overdue or absent effect may be requeued.
     pub idempotent: bool,
+    /// The external system that must hold the effect; with the type, what
+    /// the supersede rule compares (SPEC §11).
     pub destination: String,
     /// Resolved confirmation window (event, type or default).
     pub confirm_within_ms: i64,
@@ -34,14 +41,19 @@ pub struct RequestInfo {
 /// conflicting transition later.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeqRecord {
+    /// The event that claimed the seq.
     pub event_id: String,
+    /// Digest of its body: equal means a duplicate emission, different a
+    /// conflicting transition.
     pub body_hash: u64,
 }
 
 /// An event waiting in the reorder buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldEvent {
+    /// The event, as it arrived (already redacted).
     pub event: Event,
+    /// Where it was read: its outputs name this position when it is applied.
     pub pos: SourcePos,
     /// Event time after which the gap in front of it is given up.
     pub hold_until: i64,
@@ -50,20 +62,31 @@ pub struct HeldEvent {
 /// The latest verdict, kept for the review queue and `explain`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastVerdict {
+    /// The verdict's deterministic id.
     pub verdict_id: String,
+    /// What it found; COMPENSATE decisions require DUPLICATE_EFFECT here.
     pub outcome: Outcome,
+    /// What it recommended.
     pub action: Action,
+    /// Its human sentence.
     pub reason: String,
+    /// Event time of its trigger.
     pub decided_at: i64,
 }
 
 /// Everything the reconciler knows about one operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationState {
+    /// The operation's id (SPEC §4).
     pub operation_id: String,
+    /// The entity it belongs to, fixed by its first event; an event naming
+    /// another entity is flagged, never applied.
     pub entity_id: String,
+    /// Its type, fixed by its first event; selects the per-type policy.
     pub operation_type: String,
+    /// Where it stands in the state machine.
     pub status: Status,
+    /// The expectation; `None` until the `Requested` arrives.
     pub request: Option<RequestInfo>,
     /// Confirmation deadline (event time); moves when a new attempt starts
     /// after an overdue verdict, or after a manual requeue.
@@ -74,6 +97,8 @@ pub struct OperationState {
     pub overdue_judged: bool,
     /// The next seq that may be applied.
     pub next_seq: i64,
+    /// What claimed each applied seq: tells a duplicate emission from a
+    /// conflicting transition, and names the gaps of a SEQ_GAP.
     pub applied_seqs: BTreeMap<i64, SeqRecord>,
     /// Every event id taken in (applied, held or flagged): layer-1 dedup.
     pub seen_event_ids: BTreeSet<String>,
@@ -85,21 +110,34 @@ pub struct OperationState {
     /// An attempt was seen (Started, AttemptFailed or OutcomeUnknown):
     /// "never started" must not hang on attempt numbering.
     pub started: bool,
+    /// Highest attempt number seen.
     pub attempts: i32,
+    /// Distinct remote ids observed, in order; a second one is a duplicate effect.
     pub remote_ids: Vec<String>,
+    /// Version last observed at the destination.
     pub observed_version: Option<i64>,
+    /// Fingerprint last observed at the destination.
     pub observed_fingerprint: Option<String>,
+    /// Event time of the latest event that reached the state machine;
+    /// retention of a finished or abandoned operation counts from it too.
     pub last_event_at: i64,
     /// Event time the operation became terminal (starts retention).
     pub terminal_at: Option<i64>,
     /// Event time the operation entered manual review.
     pub review_since: Option<i64>,
+    /// Events applied so far (verdict evidence).
     pub events_applied: i64,
+    /// Duplicate deliveries and emissions seen so far (verdict evidence).
     pub duplicates_seen: i64,
+    /// Events that arrived ahead of their turn so far (verdict evidence).
     pub out_of_order_seen: i64,
     /// Verdicts issued so far; part of each verdict's deterministic id.
     pub verdict_count: u32,
+    /// The latest verdict, for the review queue, `explain` and the
+    /// COMPENSATE rule.
     pub last_verdict: Option<LastVerdict>,
+    /// The manual decision being applied, attached to the verdict it
+    /// produces; `None` otherwise.
     pub manual: Option<ManualDecisionRecord>,
     /// The timer currently indexed for this operation (see `deadline`).
     pub timer_at: Option<i64>,
@@ -131,9 +169,15 @@ pub struct FollowUp {
 /// or in review): what the supersede rule compares a new request with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenOperation {
+    /// The open operation.
     pub operation_id: String,
+    /// Its type: only operations of the same type supersede each other.
     pub operation_type: String,
+    /// Its destination: only operations of the same destination supersede
+    /// each other.
     pub destination: String,
+    /// The version it expects: the higher version wins; `None` never
+    /// supersedes nor is superseded.
     pub expected_version: Option<i64>,
 }
 
@@ -188,12 +232,21 @@ impl EntityState {
 pub enum DecisionRefusal {
     /// Decisions apply only to open operations (requested, not terminal):
     /// waiting for evidence, for a machine action, or in manual review.
-    NotOpen { status: Status },
+    NotOpen {
+        /// The operation's current state.
+        status: Status,
+    },
     /// SPEC §6: COMPENSATE belongs to a DUPLICATE_EFFECT verdict only; other
     /// wrong effects are undone by a `Compensated` business event.
-    CompensateWithoutDuplicate { last: Option<Outcome> },
+    CompensateWithoutDuplicate {
+        /// The outcome of the operation's latest verdict, if any.
+        last: Option<Outcome>,
+    },
     /// SPEC §11: an operation replaced by a newer version is never requeued.
-    RequeueSuperseded { by: Supersession },
+    RequeueSuperseded {
+        /// The newer operation that replaced it.
+        by: Supersession,
+    },
 }
 
 impl std::fmt::Display for DecisionRefusal {

@@ -9,7 +9,9 @@ use super::redact::Redactor;
 /// Per-operation-type overrides.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TypePolicy {
+    /// Confirmation window of the type, when the event names none (SPEC §7).
     pub confirm_within_ms: Option<i64>,
+    /// Attempt limit of the type, when the event names none.
     pub max_attempts: Option<i32>,
     /// How long after a PROBE or REQUEUE verdict the operation is followed
     /// up (overrides [`Policy::follow_up_ms`]).
@@ -25,6 +27,7 @@ pub struct Policy {
     pub default_confirm_within_ms: i64,
     /// Attempts allowed when neither the event nor the type names a limit.
     pub default_max_attempts: i32,
+    /// Overrides by operation type (`operation_type` of the events).
     pub types: BTreeMap<String, TypePolicy>,
     /// How long (event time) an event ahead of its turn waits for the gap to fill.
     pub reorder_window_ms: i64,
@@ -41,6 +44,8 @@ pub struct Policy {
     pub max_requeues: u32,
     /// `act` mode: publish repair commands for automatable actions.
     pub act: bool,
+    /// Cleans `detail`, `evidence_ref` and `note` before anything is stored
+    /// or published (SPEC §4).
     pub redactor: Redactor,
 }
 

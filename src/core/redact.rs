@@ -33,7 +33,9 @@ pub struct Redactor {
 #[derive(Debug, thiserror::Error)]
 #[error("invalid redaction pattern {pattern:?}: {source}")]
 pub struct PatternError {
+    /// The pattern as configured.
     pub pattern: String,
+    /// Why the regex engine rejected it.
     #[source]
     pub source: regex::Error,
 }

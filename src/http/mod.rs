@@ -24,17 +24,25 @@ use axum::{Json, Router};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::kafka::producer::Publisher;
 use crate::metrics::Metrics;
-use crate::pipeline::{Clock, Pipeline};
+use crate::pipeline::Pipeline;
 use crate::store::Store;
 
 /// The server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
+    /// The address cannot be listened on (taken, not local, not permitted).
     #[error("HTTP server: cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why listening on it failed.
+        source: std::io::Error,
+    },
+    /// The listener or the server's runtime could not be set up.
     #[error("HTTP server: {0}")]
     Runtime(std::io::Error),
 }
@@ -42,9 +50,16 @@ pub enum HttpError {
 /// What the handlers read.
 #[derive(Clone)]
 pub struct AppState {
+    /// The process's metrics: `/metrics` renders them, `/readyz` answers from
+    /// them.
     pub metrics: Arc<Metrics>,
+    /// The pipeline's state store: what `explain`, `review` and the resolve
+    /// check read.
     pub store: Arc<Store>,
+    /// The effective configuration: the token, the topics and the Kafka
+    /// settings that decisions and re-drives are published with.
     pub cfg: Arc<Config>,
+    /// Wall clock: ages in the review queue, the time stamped on decisions.
     pub clock: Clock,
     /// Publishes decisions to the input topic; created on first use.
     pub decisions: Arc<Mutex<Option<Publisher>>>,

@@ -27,7 +27,7 @@ pub fn ensure_topics(
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => return Err(KafkaError::Other(format!("creating topic {topic}: {code}"))),
+            Err((topic, code)) => return Err(KafkaError::Refused { context: format!("creating topic {topic}"), code }),
         }
     }
     Ok(())

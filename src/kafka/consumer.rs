@@ -1,7 +1,11 @@
-//! The consumer-group member. Offsets live in the state store, not in the
-//! group: on assignment each partition starts at the offset stored beside
-//! its state (or at the beginning, which rebuilds the state by replay), and
-//! group offsets are committed only so that lag is visible to tools.
+//! The consumer-group member. It reports facts and leaves the decisions
+//! to the pipeline: which partitions it owns, where each was told to start
+//! (the offset the pipeline keeps beside its state, asked for through
+//! [`StartOffsets`]), the group's committed offset of each newly assigned
+//! partition, and which partitions were revoked. Group offsets are
+//! committed only past acknowledged outputs (see
+//! [`GroupConsumer::commit_for_visibility`]); the pipeline uses the
+//! committed offsets to restore a moved partition silently.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -14,9 +18,19 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset};
 use tracing::{info, warn};
 
-use super::{client_config, KafkaError, Record, CONSUMER_DEFAULTS};
-use crate::restore;
-use crate::store::Store;
+use super::{client_config, KafkaError, CONSUMER_DEFAULTS};
+use crate::records::Record;
+
+/// A partition the group handed this member, as the member found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assigned {
+    /// Where consumption starts: the offset the pipeline keeps beside its
+    /// state (`None`: the beginning of the partition).
+    pub start: Option<i64>,
+    /// The group's committed offset of the partition, if it has one (and it
+    /// could be read).
+    pub committed: Option<i64>,
+}
 
 /// What the rebalance callback tells the run loop.
 #[derive(Debug, Default)]
@@ -25,18 +39,19 @@ pub struct Assignment {
     pub owned: BTreeMap<i32, i64>,
     /// Partitions revoked since the loop last looked.
     pub revoked: BTreeSet<i32>,
-    /// Partitions assigned since the loop last looked.
-    pub assigned: BTreeSet<i32>,
+    /// Partitions assigned since the loop last looked, with their facts.
+    pub assigned: BTreeMap<i32, Assigned>,
     /// A rebalance step failed: the instance must stop rather than run
     /// with an assignment it does not really have.
     pub fatal: Option<String>,
-    /// Partitions restoring their state: records below the offset are
-    /// applied without publishing (see [`crate::restore`]).
-    pub restore_until: BTreeMap<i32, i64>,
     /// The group has handed this member an assignment (possibly empty) at
     /// least once: before that it cannot be ready.
     pub received: bool,
 }
+
+/// Where an assigned partition starts (`Ok(None)`: at its beginning), from
+/// the pipeline's state; an error stops the member.
+pub type StartOffsets = Box<dyn Fn(i32) -> Result<Option<i64>, String> + Send + Sync>;
 
 /// Run in the revoke callback before the partitions are released. It
 /// finishes the batch whose outputs are in flight (waits for their
@@ -44,10 +59,11 @@ pub struct Assignment {
 /// `None` when there is nothing acknowledged to commit.
 pub type RevokeHook = Box<dyn FnMut() -> Option<BTreeMap<i32, i64>> + Send>;
 
-/// Seeks assigned partitions to the offsets in the store.
+/// Seeks assigned partitions to the offsets the pipeline keeps.
 pub struct GroupContext {
-    store: Arc<Store>,
+    start_offsets: StartOffsets,
     topic: String,
+    /// The facts the run loop reads.
     pub assignment: Arc<Mutex<Assignment>>,
     revoke_hook: Mutex<Option<RevokeHook>>,
 }
@@ -63,30 +79,22 @@ impl ConsumerContext for GroupContext {
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 let committed = self.committed(consumer, &partitions);
                 for p in partitions {
-                    let next = match self.store.next_offset(p) {
+                    let start = match (self.start_offsets)(p) {
                         Ok(n) => n,
                         Err(e) => {
-                            a.fatal = Some(format!("reading the stored offset of partition {p}: {e}"));
+                            a.fatal = Some(format!("the start offset of partition {p}: {e}"));
                             return;
                         }
                     };
-                    let offset = next.map_or(Offset::Beginning, Offset::Offset);
+                    let offset = start.map_or(Offset::Beginning, Offset::Offset);
                     if let Err(e) = tpl.set_partition_offset(&self.topic, p, offset) {
                         warn!(partition = p, error = %e, "Cannot set the start offset");
                     }
-                    a.owned.insert(p, next.unwrap_or(0));
+                    a.owned.insert(p, start.unwrap_or(0));
                     a.revoked.remove(&p);
-                    a.assigned.insert(p);
-                    match restore::target(next, committed.get(&p).copied()) {
-                        Some(until) => {
-                            a.restore_until.insert(p, until);
-                            info!(partition = p, next_offset = ?next, restore_until = until, "Partition assigned; restoring its state from the log without publishing");
-                        }
-                        None => {
-                            a.restore_until.remove(&p);
-                            info!(partition = p, next_offset = ?next, "Partition assigned; resuming from the stored offset");
-                        }
-                    }
+                    let committed = committed.get(&p).copied();
+                    a.assigned.insert(p, Assigned { start, committed });
+                    info!(partition = p, next_offset = ?start, committed = ?committed, "Partition assigned");
                 }
                 if let Err(e) = consumer.assign(tpl) {
                     a.fatal = Some(format!("assigning partitions: {e}"));
@@ -105,7 +113,7 @@ impl ConsumerContext for GroupContext {
                 }
                 for e in tpl.elements() {
                     a.owned.remove(&e.partition());
-                    a.restore_until.remove(&e.partition());
+                    a.assigned.remove(&e.partition());
                     a.revoked.insert(e.partition());
                     info!(partition = e.partition(), "Partition revoked; no more writes for it");
                 }
@@ -120,8 +128,8 @@ impl ConsumerContext for GroupContext {
 
 impl GroupContext {
     /// The group's committed offsets of `partitions` (those it has). An
-    /// error leaves them out: that partition then restores nothing silently
-    /// and only repeats byte-identical outputs (see [`crate::restore`]).
+    /// error leaves them out: the pipeline then restores nothing silently
+    /// and only repeats byte-identical outputs (its restore rule).
     fn committed(&self, consumer: &BaseConsumer<Self>, partitions: &[i32]) -> BTreeMap<i32, i64> {
         committed_offsets(consumer, &self.topic, partitions.iter().copied()).unwrap_or_else(|e| {
             warn!(error = %e, "Cannot read the group's committed offsets; partitions will not restore silently");
@@ -166,23 +174,23 @@ fn offsets_list(topic: &str, offsets: &BTreeMap<i32, i64>) -> TopicPartitionList
 /// A subscribed consumer that hands out batches of owned records.
 pub struct GroupConsumer {
     consumer: BaseConsumer<GroupContext>,
-    /// A second client for watermark queries: on the consumer's own
-    /// connection a ListOffsets waits behind the long-polling fetches.
-    watermarks: BaseConsumer,
     topic: String,
+    /// The facts of the group's rebalances, shared with the run loop.
     pub assignment: Arc<Mutex<Assignment>>,
 }
 
 impl GroupConsumer {
+    /// Joins group `group_id` on `topic`; assigned partitions start where
+    /// `start_offsets` says.
     pub fn new(
         kafka: &BTreeMap<String, String>,
         group_id: &str,
         topic: &str,
-        store: Arc<Store>,
+        start_offsets: StartOffsets,
     ) -> Result<Self, KafkaError> {
         let assignment = Arc::new(Mutex::new(Assignment::default()));
         let ctx = GroupContext {
-            store,
+            start_offsets,
             topic: topic.to_owned(),
             assignment: assignment.clone(),
             revoke_hook: Mutex::new(None),
@@ -203,10 +211,7 @@ impl GroupConsumer {
         .create_with_context(ctx)
         .map_err(KafkaError::client("creating the consumer"))?;
         consumer.subscribe(&[topic]).map_err(KafkaError::client(format!("subscribing to {topic}")))?;
-        let watermarks: BaseConsumer = client_config(&CONSUMER_DEFAULTS, kafka, &[("group.id", group_id)])
-            .create()
-            .map_err(KafkaError::client("creating the watermark client"))?;
-        Ok(GroupConsumer { consumer, watermarks, topic: topic.to_owned(), assignment })
+        Ok(GroupConsumer { consumer, topic: topic.to_owned(), assignment })
     }
 
     /// Up to `max` records, waiting at most `wait` for the first and then
@@ -232,7 +237,7 @@ impl GroupConsumer {
         }
         let mut a = self.assignment.lock().expect("not poisoned");
         if let Some(why) = a.fatal.take() {
-            return Err(KafkaError::Other(format!("rebalance failed: {why}")));
+            return Err(KafkaError::Rebalance(why));
         }
         let revoked = !a.revoked.is_empty();
         if revoked {
@@ -291,11 +296,5 @@ impl GroupConsumer {
             Offset::Offset(o) => Some(o),
             _ => None,
         }
-    }
-
-    /// The broker's high watermark of `partition` (one round trip on an
-    /// idle connection).
-    pub fn high_watermark(&self, partition: i32) -> KafkaResult<i64> {
-        self.watermarks.fetch_watermarks(&self.topic, partition, Duration::from_secs(1)).map(|(_, high)| high)
     }
 }

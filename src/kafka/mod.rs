@@ -6,22 +6,67 @@ pub mod admin;
 pub mod consumer;
 pub mod producer;
 pub mod reader;
+pub mod watermarks;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 
-/// An error from the Kafka client, with what was being done.
+use crate::records::Record;
+
+/// An error from the Kafka side, with what was being done. [`retriable`]
+/// tells the errors that go away by themselves (a broker restarting, a
+/// leader moving, a timeout) from those that need a person (no
+/// permission, no such topic, a record the broker will never take).
+///
+/// [`retriable`]: KafkaError::retriable
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaError {
+    /// The client failed a call.
     #[error("{context}: {source}")]
     Client {
+        /// What was being done.
         context: String,
+        /// librdkafka's error.
         #[source]
         source: rdkafka::error::KafkaError,
     },
+    /// The broker (or librdkafka for it) refused a request with `code`.
+    #[error("{context}: {code}")]
+    Refused {
+        /// What was being done.
+        context: String,
+        /// The refusal.
+        code: RDKafkaErrorCode,
+    },
+    /// Records were sent but some were not acknowledged.
+    #[error("{failed} records were not acknowledged: {code}")]
+    NotAcknowledged {
+        /// How many failed.
+        failed: u64,
+        /// The error of the last one that failed.
+        code: RDKafkaErrorCode,
+    },
+    /// Delivery reports were still missing when the flush timeout passed.
+    #[error("{missing} records not acknowledged within {timeout:?}")]
+    AckTimeout {
+        /// How many were not reported on.
+        missing: usize,
+        /// How long it waited.
+        timeout: Duration,
+    },
+    /// A topic the configuration names does not exist.
+    #[error("topic {0} does not exist (check [topics] in the configuration)")]
+    UnknownTopic(String),
+    /// Something did not finish within its time budget.
     #[error("{0}")]
-    Other(String),
+    Timeout(String),
+    /// A step of the group's rebalance failed: the member stops rather than
+    /// run with an assignment it does not really have.
+    #[error("rebalance failed: {0}")]
+    Rebalance(String),
 }
 
 impl KafkaError {
@@ -29,6 +74,45 @@ impl KafkaError {
         let context = context.into();
         move |source| KafkaError::Client { context, source }
     }
+
+    /// Whether trying again may succeed without anyone changing anything.
+    /// False for authorization and authentication failures, unknown topics,
+    /// invalid or oversized records and librdkafka's fatal errors: retrying
+    /// those forever would hide them, so the pipeline gives up on them
+    /// after `[consumer] give_up_after_ms` and exits non-zero.
+    pub fn retriable(&self) -> bool {
+        let code = match self {
+            KafkaError::Client { source, .. } => source.rdkafka_error_code(),
+            KafkaError::Refused { code, .. } | KafkaError::NotAcknowledged { code, .. } => Some(*code),
+            KafkaError::AckTimeout { .. } | KafkaError::Timeout(_) => None,
+            KafkaError::UnknownTopic(_) | KafkaError::Rebalance(_) => return false,
+        };
+        code.is_none_or(|c| !fatal_code(c))
+    }
+}
+
+/// Codes that no retry can cure.
+fn fatal_code(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::TopicAuthorizationFailed
+            | C::GroupAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed
+            | C::DelegationTokenAuthorizationFailed
+            | C::SaslAuthenticationFailed
+            | C::Authentication
+            | C::UnknownTopic
+            | C::UnknownPartition
+            | C::UnknownTopicOrPartition
+            | C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidRecord
+            | C::UnsupportedForMessageFormat
+            | C::Fatal
+            | C::InvalidArgument
+    )
 }
 
 /// A client configuration: `defaults` first, then the `[kafka]`
@@ -56,18 +140,6 @@ pub fn client_config(
 /// into the log) is seen within milliseconds on a quiet topic.
 pub const CONSUMER_DEFAULTS: [(&str, &str); 1] = [("fetch.wait.max.ms", "50")];
 
-/// An owned copy of a consumed record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-    pub timestamp: Option<i64>,
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-}
-
 impl Record {
     /// Copies a borrowed message.
     pub fn from_message<M: rdkafka::Message>(m: &M) -> Record {
@@ -86,11 +158,42 @@ impl Record {
             headers,
         }
     }
+}
 
-    /// Bytes of key, value and headers (for the size limit).
-    pub fn size(&self) -> usize {
-        self.key.as_ref().map_or(0, Vec::len)
-            + self.value.as_ref().map_or(0, Vec::len)
-            + self.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What waits out a broker outage and what stops the instance.
+    #[test]
+    fn refusals_no_retry_can_cure_are_not_retriable() {
+        let refused = |code| KafkaError::Refused { context: "producing".into(), code };
+        let failed = |code| KafkaError::NotAcknowledged { failed: 3, code };
+        for code in [
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::SaslAuthenticationFailed,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::UnknownTopic,
+            RDKafkaErrorCode::MessageSizeTooLarge,
+        ] {
+            assert!(!refused(code).retriable(), "{code:?}");
+            assert!(!failed(code).retriable(), "{code:?}");
+        }
+        for code in [
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::NotLeaderForPartition,
+            RDKafkaErrorCode::NotEnoughReplicas,
+            RDKafkaErrorCode::RequestTimedOut,
+        ] {
+            assert!(failed(code).retriable(), "{code:?}");
+        }
+        let produce = rdkafka::error::KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert!(!KafkaError::client("sending")(produce).retriable());
+        let produce = rdkafka::error::KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull);
+        assert!(KafkaError::client("sending")(produce).retriable());
+        assert!(KafkaError::AckTimeout { missing: 1, timeout: Duration::from_secs(30) }.retriable());
+        assert!(!KafkaError::UnknownTopic("t".into()).retriable());
     }
 }

@@ -18,10 +18,11 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, P
 use rdkafka::ClientContext;
 
 use super::{client_config, KafkaError};
-use crate::store::OutboxRecord;
+use crate::records::OutboxRecord;
 
-/// The records sent by one [`Publisher::send_all`] call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The records sent by one [`Publisher::send_all`] call. Not `Copy`:
+/// [`Publisher::wait`] takes it, so a ticket is waited for at most once.
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Ticket(usize);
 
 /// Per ticket: records not yet reported on, failures and the last error.
@@ -29,7 +30,7 @@ pub struct Ticket(usize);
 struct Outstanding {
     unreported: usize,
     failed: u64,
-    last_error: Option<String>,
+    last_error: Option<RDKafkaErrorCode>,
 }
 
 /// Counts delivery reports per ticket and wakes whoever waits for one.
@@ -51,7 +52,7 @@ impl ProducerContext for AckContext {
         t.unreported -= 1;
         if let Err((e, _)) = result {
             t.failed += 1;
-            t.last_error = Some(e.to_string());
+            t.last_error = Some(e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail));
         }
         if t.unreported == 0 {
             self.reported.notify_all();
@@ -156,9 +157,9 @@ impl Publisher {
         let deadline = Instant::now() + self.flush_timeout;
         let mut tickets = ctx.tickets.lock().expect("not poisoned");
         loop {
-            let Some(t) = tickets.get(&ticket.0) else {
-                return Err(KafkaError::Other("waiting for an unknown or finished ticket".into()));
-            };
+            // Present: only `send_all` hands out tickets, once registered,
+            // and only this call (which takes it) removes it.
+            let t = tickets.get(&ticket.0).expect("a ticket handed out and not yet waited for");
             if t.unreported == 0 {
                 break;
             }
@@ -168,10 +169,7 @@ impl Publisher {
                 tickets.remove(&ticket.0);
                 drop(tickets);
                 self.purge();
-                return Err(KafkaError::Other(format!(
-                    "{missing} records not acknowledged within {:?}",
-                    self.flush_timeout
-                )));
+                return Err(KafkaError::AckTimeout { missing, timeout: self.flush_timeout });
             }
             tickets = ctx.reported.wait_timeout(tickets, left).expect("not poisoned").0;
         }
@@ -181,11 +179,10 @@ impl Publisher {
             // Later records may still be queued behind the failed ones: a
             // retry must not find them sent out of order.
             self.purge();
-            return Err(KafkaError::Other(format!(
-                "{} records were not acknowledged: {}",
-                t.failed,
-                t.last_error.unwrap_or_default()
-            )));
+            return Err(KafkaError::NotAcknowledged {
+                failed: t.failed,
+                code: t.last_error.unwrap_or(RDKafkaErrorCode::Fail),
+            });
         }
         Ok(())
     }

@@ -9,10 +9,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use rdkafka::Offset;
 
-use super::{client_config, KafkaError, Record, CONSUMER_DEFAULTS};
+use super::{client_config, KafkaError, CONSUMER_DEFAULTS};
+use crate::records::Record;
 
+/// Reads whole topics from the beginning, outside any consumer group, and keeps
+/// every record read.
 pub struct TopicReader {
     consumer: BaseConsumer,
+    /// Every record read so far, in arrival order (partitions interleaved).
     pub records: Vec<Record>,
 }
 
@@ -67,39 +71,7 @@ impl TopicReader {
 
 /// The partitions of `topic` and the (low, high) watermarks of each.
 pub fn watermarks(kafka: &BTreeMap<String, String>, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, KafkaError> {
-    let consumer: BaseConsumer = client_config(&CONSUMER_DEFAULTS, kafka, &[("group.id", "reconciler-watermarks")])
-        .create()
-        .map_err(KafkaError::client("creating a metadata client"))?;
-    watermarks_with(&consumer, topic)
-}
-
-fn watermarks_with(consumer: &BaseConsumer, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, KafkaError> {
-    let timeout = Duration::from_secs(10);
-    let md =
-        consumer.fetch_metadata(Some(topic), timeout).map_err(KafkaError::client(format!("metadata of {topic}")))?;
-    let t = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .ok_or_else(|| KafkaError::Other(format!("topic {topic} not found")))?;
-    if let Some(e) = t.error() {
-        let code = rdkafka::error::RDKafkaErrorCode::from(e);
-        let hint = match code {
-            rdkafka::error::RDKafkaErrorCode::UnknownTopicOrPartition => {
-                " (no such topic: check [topics] in the configuration)"
-            }
-            _ => "",
-        };
-        return Err(KafkaError::Other(format!("topic {topic}: {code:?}{hint}")));
-    }
-    let mut out = BTreeMap::new();
-    for p in t.partitions() {
-        let marks = consumer
-            .fetch_watermarks(topic, p.id(), timeout)
-            .map_err(KafkaError::client(format!("watermarks of {topic}/{}", p.id())))?;
-        out.insert(p.id(), marks);
-    }
-    Ok(out)
+    super::watermarks::Watermarks::new(kafka)?.of_topic(topic)
 }
 
 /// Every record of `topic` up to the high watermarks at the time of the
@@ -111,7 +83,7 @@ pub fn read_to_end(
     timeout: Duration,
 ) -> Result<Vec<Record>, KafkaError> {
     let consumer = reader_client(kafka)?;
-    let marks = watermarks_with(&consumer, topic)?;
+    let marks = super::watermarks::topic_watermarks(&consumer, topic)?;
     let mut tpl = TopicPartitionList::new();
     let mut left: BTreeMap<i32, i64> = BTreeMap::new();
     for (p, (low, high)) in &marks {
@@ -129,7 +101,7 @@ pub fn read_to_end(
     while !left.is_empty() {
         let rest = until.saturating_duration_since(Instant::now());
         if rest.is_zero() {
-            return Err(KafkaError::Other(format!(
+            return Err(KafkaError::Timeout(format!(
                 "reading {topic}: partitions {:?} not read to their end within {timeout:?}",
                 left.keys().collect::<Vec<_>>()
             )));

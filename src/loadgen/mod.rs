@@ -25,33 +25,42 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::LoadgenAction;
+use crate::clock::now_ms;
 use crate::codec::{Codec, EncodeError};
 use crate::config::Config;
 use crate::kafka::producer::Publisher;
-use crate::kafka::{KafkaError, Record};
-use crate::store::OutboxRecord;
+use crate::kafka::KafkaError;
+use crate::records::OutboxRecord;
+use crate::records::Record;
 
-pub use scenario::{Faults, Generator, LoadRecord, Options, Planned};
+pub use scenario::{Faults, Generator, Options, Planned};
 pub use truth::GroundTruth;
 
 /// Why a load generation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadgenError {
+    /// Publishing the workload or reading the outputs back failed.
     #[error(transparent)]
     Kafka(#[from] KafkaError),
+    /// A workload event could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// Options that cannot make a workload, or a truth file that cannot be
+    /// written or read; the message says which.
     #[error("{0}")]
     Invalid(String),
+    /// `loadgen verify`: the outputs differ from the ground truth (the printed
+    /// report says where).
     #[error("the outputs disagree with the ground truth")]
     Disagree,
+    /// `loadgen verify --state-dir`: the run's state store could not be
+    /// checked.
     #[error(transparent)]
     Operator(#[from] crate::operator::OperatorError),
 }
 
 /// Event time stamped on the workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventTime {
     /// Hours in the past: every deadline is due at once (preloaded runs).
     Past,
@@ -59,38 +68,55 @@ pub enum EventTime {
     Now,
 }
 
-/// Options of `reconciler loadgen` (the generator and the publisher).
-#[derive(Debug, Clone, clap::Args)]
-pub struct LoadgenArgs {
+/// What `reconciler loadgen` generates and how it publishes it.
+#[derive(Debug, Clone)]
+pub struct Workload {
     /// Operations to create.
-    #[arg(long, default_value_t = 10_000)]
     pub operations: u64,
     /// Entities they are spread over (default: operations / 4, at least 64).
-    #[arg(long)]
     pub entities: Option<u64>,
     /// Seed: the same seed and options give the same records.
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Target rate in records per second; 0 sends as fast as possible.
-    #[arg(long, default_value_t = 0)]
     pub rate: u64,
     /// Event time of the workload.
-    #[arg(long, value_enum, default_value_t = EventTime::Past)]
     pub event_time: EventTime,
-    /// confirm_within_ms written into every request.
-    #[arg(long, default_value_t = 300_000)]
+    /// `confirm_within_ms` written into every request.
     pub confirm_within_ms: i64,
     /// Where to write the ground truth (JSON).
-    #[arg(long)]
     pub truth: Option<std::path::PathBuf>,
     /// No progress bar.
-    #[arg(long)]
     pub quiet: bool,
-    #[command(flatten)]
+    /// The rate of each fault.
     pub faults: Faults,
 }
 
-impl LoadgenArgs {
+/// What `reconciler loadgen` does besides generating.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Compare the output topics with a ground truth (and, with
+    /// `state_dir`, check the run's store); fails on any disagreement.
+    Verify {
+        /// The ground-truth file.
+        truth: std::path::PathBuf,
+        /// Give up waiting for the outputs after this many seconds.
+        timeout_secs: u64,
+        /// The state directory of the run to check.
+        state_dir: Option<std::path::PathBuf>,
+    },
+    /// Copy `count` records of the input topic to `to` with a bare
+    /// consumer and producer (the benchmarks' baseline).
+    Passthrough {
+        /// Destination topic.
+        to: String,
+        /// Records to copy.
+        count: u64,
+        /// Give up after this many seconds.
+        timeout_secs: u64,
+    },
+}
+
+impl Workload {
     /// The generator options for these arguments at wall time `now_ms`.
     pub fn options(&self, cfg: &Config, now_ms: i64) -> Result<Options, LoadgenError> {
         self.faults.validate().map_err(LoadgenError::Invalid)?;
@@ -135,29 +161,13 @@ pub fn records_per_unit(o: &Options) -> f64 {
     n as f64 / units.max(1) as f64
 }
 
-/// Wall-clock milliseconds since the epoch.
-pub fn now_ms() -> i64 {
-    (crate::pipeline::system_clock())()
-}
-
 /// What a publication did.
 #[derive(Debug, Clone)]
 pub struct Published {
+    /// Records sent and acknowledged (events and broken records).
     pub records: u64,
+    /// Wall time from the start to the last acknowledgement.
     pub elapsed: Duration,
-}
-
-/// The record as it goes to the input topic.
-pub fn to_outbox(codec: &Codec, topic: &str, r: &LoadRecord) -> Result<OutboxRecord, EncodeError> {
-    match r {
-        LoadRecord::Event(e) => crate::pipeline::event_record(codec, topic, e),
-        LoadRecord::Raw { key, value, .. } => Ok(OutboxRecord {
-            topic: topic.to_owned(),
-            key: Some(key.clone()),
-            value: value.clone(),
-            headers: Vec::new(),
-        }),
-    }
 }
 
 /// A topic in memory: records appended as a producer keyed by entity and a
@@ -172,6 +182,7 @@ pub struct MemoryTopic {
 }
 
 impl MemoryTopic {
+    /// An empty topic of `partitions` partitions (at least one).
     pub fn new(partitions: i32) -> MemoryTopic {
         MemoryTopic { next: vec![0; partitions.max(1) as usize] }
     }
@@ -230,7 +241,7 @@ pub fn publish(
                 std::thread::sleep(Duration::from_millis(wait as u64));
             }
         }
-        chunk.push(to_outbox(&codec, &cfg.topics.events, &p.record)?);
+        chunk.push(p.record.to_outbox(&codec, &cfg.topics.events)?);
         records += 1;
         if chunk.len() >= CHUNK {
             flush(&mut chunk)?;
@@ -249,7 +260,7 @@ pub fn publish(
 
 /// `reconciler loadgen [verify|passthrough]`: runs the command and prints
 /// its summary on stdout.
-pub fn command(cfg: &Config, action: Option<LoadgenAction>, args: &LoadgenArgs) -> Result<(), LoadgenError> {
+pub fn command(cfg: &Config, action: Option<Action>, args: &Workload) -> Result<(), LoadgenError> {
     let t = &cfg.topics;
     match action {
         None => {
@@ -279,7 +290,7 @@ pub fn command(cfg: &Config, action: Option<LoadgenAction>, args: &LoadgenArgs) 
             }
             Ok(())
         }
-        Some(LoadgenAction::Verify { truth, timeout_secs, state_dir }) => {
+        Some(Action::Verify { truth, timeout_secs, state_dir }) => {
             let truth = GroundTruth::read(&truth)
                 .map_err(|e| LoadgenError::Invalid(format!("reading {}: {e}", truth.display())))?;
             let wait = truth.latest_due_ms - now_ms();
@@ -303,7 +314,7 @@ pub fn command(cfg: &Config, action: Option<LoadgenAction>, args: &LoadgenArgs) 
                 Err(LoadgenError::Disagree)
             }
         }
-        Some(LoadgenAction::Passthrough { to, count, timeout_secs }) => {
+        Some(Action::Passthrough { to, count, timeout_secs }) => {
             crate::kafka::admin::ensure_topics(&cfg.kafka, &[to.as_str()], t.partitions, t.replication_factor)?;
             let moved =
                 passthrough::run(&cfg.kafka, &t.events, t.partitions, &to, count, Duration::from_secs(timeout_secs))?;

@@ -18,6 +18,7 @@ use crate::kafka::{client_config, KafkaError, CONSUMER_DEFAULTS};
 /// What the passthrough moved.
 #[derive(Debug, Clone)]
 pub struct Moved {
+    /// Records copied.
     pub records: u64,
     /// From the first record consumed to the last one acknowledged.
     pub elapsed: Duration,
@@ -54,7 +55,9 @@ pub fn run(
     let mut moved = 0u64;
     while moved < count {
         if Instant::now() >= deadline {
-            return Err(KafkaError::Other(format!("passthrough moved {moved} of {count} records before the timeout")));
+            return Err(KafkaError::Timeout(format!(
+                "passthrough moved {moved} of {count} records before the timeout"
+            )));
         }
         let Some(m) = consumer.poll(Duration::from_millis(100)) else { continue };
         let m = m.map_err(KafkaError::client("consuming"))?;
@@ -82,7 +85,7 @@ pub fn run(
     // Not `flush`: it sleeps in 100 ms polls, which would show in the figure.
     while producer.in_flight_count() > 0 {
         if Instant::now() >= deadline {
-            return Err(KafkaError::Other("passthrough records not acknowledged before the timeout".into()));
+            return Err(KafkaError::Timeout("passthrough records not acknowledged before the timeout".into()));
         }
         producer.poll(Duration::from_millis(1));
     }

@@ -23,143 +23,123 @@ use crate::core::{Action, AnomalyKind, Outcome};
 
 use super::rng::Rng;
 use super::truth::{Assumptions, Expected, GroundTruth};
+use crate::records::InputRecord;
 
-/// Fraction of units that carry each fault (the rest are clean lifecycles).
-#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
-pub struct Faults {
-    /// An event delivered twice (same event_id).
-    #[arg(long, default_value_t = 0.03)]
-    pub duplicate_delivery: f64,
-    /// A revision emitted twice with the same body (new event_id).
-    #[arg(long, default_value_t = 0.01)]
-    pub duplicate_emission: f64,
-    /// Two revisions swapped, the gap filled within the reorder window.
-    #[arg(long, default_value_t = 0.02)]
-    pub reorder: f64,
-    /// A revision arriving after the reorder window closed (gap, then late).
-    #[arg(long, default_value_t = 0.005)]
-    pub reorder_beyond_window: f64,
-    /// Two writers transitioning the same revision.
-    #[arg(long, default_value_t = 0.005)]
-    pub conflict: f64,
-    /// Outcome unknown and no confirmation ever comes (judged at the deadline).
-    #[arg(long, default_value_t = 0.01)]
-    pub missing_confirmation: f64,
-    /// The destination holds another version.
-    #[arg(long, default_value_t = 0.005)]
-    pub divergent: f64,
-    /// The effect found twice under two remote ids.
-    #[arg(long, default_value_t = 0.005)]
-    pub duplicate_effect: f64,
-    /// The operation is cancelled.
-    #[arg(long, default_value_t = 0.01)]
-    pub cancellation: f64,
-    /// Cancelled, then a stray worker starts it anyway.
-    #[arg(long, default_value_t = 0.003)]
-    pub invalid_transition: f64,
-    /// A newer version is confirmed before an older one's effect is seen.
-    #[arg(long, default_value_t = 0.005)]
-    pub stale_version: f64,
-    /// Events of an operation whose request never arrives.
-    #[arg(long, default_value_t = 0.003)]
-    pub orphan: f64,
-    /// Undecodable or invalid records (dead letters).
-    #[arg(long, default_value_t = 0.002)]
-    pub garbage: f64,
-    /// A newer version requested while the older operation is pending,
-    /// processing or awaiting confirmation (the older one is superseded).
-    #[arg(long, default_value_t = 0.01)]
-    pub version_bump: f64,
-    /// A failed attempt whose retry is scheduled past the confirmation
-    /// window, and never comes.
-    #[arg(long, default_value_t = 0.005)]
-    pub retry_scheduled_late: f64,
-    /// A query finds nothing, the operation is requeued, and nobody picks
-    /// the requeue up.
-    #[arg(long, default_value_t = 0.005)]
-    pub requeue_not_picked_up: f64,
-    /// A requeue is picked up (a new attempt starts), but that attempt is
-    /// never confirmed either.
-    #[arg(long, default_value_t = 0.005)]
-    pub requeue_picked_up_then_lost: f64,
+/// A fault of the workload, as the command line offers it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultSpec {
+    /// The field of [`Faults`] (and the name of its story).
+    pub name: &'static str,
+    /// The command-line flag: `--` and this.
+    pub flag: &'static str,
+    /// The default rate, as written in the source.
+    pub default: &'static str,
+    /// What the fault is, for `--help`.
+    pub help: &'static str,
 }
 
-impl Default for Faults {
-    fn default() -> Self {
-        Faults {
-            duplicate_delivery: 0.03,
-            duplicate_emission: 0.01,
-            reorder: 0.02,
-            reorder_beyond_window: 0.005,
-            conflict: 0.005,
-            missing_confirmation: 0.01,
-            divergent: 0.005,
-            duplicate_effect: 0.005,
-            cancellation: 0.01,
-            invalid_transition: 0.003,
-            stale_version: 0.005,
-            orphan: 0.003,
-            garbage: 0.002,
-            version_bump: 0.01,
-            retry_scheduled_late: 0.005,
-            requeue_not_picked_up: 0.005,
-            requeue_picked_up_then_lost: 0.005,
+/// Declares [`Faults`] once: its fields, defaults and help, the story each
+/// field injects, and the table the command line is built from.
+macro_rules! faults {
+    ($( $(#[doc = $doc:literal])+ $field:ident ($flag:literal) => $story:ident = $default:literal, )+) => {
+        /// Fraction of units that carry each fault (the rest are clean lifecycles).
+        #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+        pub struct Faults {
+            $( $(#[doc = $doc])+ pub $field: f64, )+
         }
-    }
+
+        impl Default for Faults {
+            fn default() -> Self {
+                Faults { $( $field: $default, )+ }
+            }
+        }
+
+        /// How many faults there are.
+        const FAULT_COUNT: usize = [$(stringify!($field)),+].len();
+
+        impl Faults {
+            /// Every fault: field, flag, default rate and description.
+            pub const SPEC: [FaultSpec; FAULT_COUNT] =
+                [$( FaultSpec {
+                    name: stringify!($field),
+                    flag: $flag,
+                    default: stringify!($default),
+                    help: concat!($($doc),+),
+                }, )+];
+
+            /// No faults at all: clean lifecycles only.
+            pub fn none() -> Faults {
+                Faults::uniform(0.0)
+            }
+
+            /// Every fault at `rate` (a small workload with many of each).
+            pub fn uniform(rate: f64) -> Faults {
+                Faults { $( $field: rate, )+ }
+            }
+
+            /// The rate of the fault `name` (a field name), to read or set.
+            pub fn rate_mut(&mut self, name: &str) -> Option<&mut f64> {
+                match name {
+                    $( stringify!($field) => Some(&mut self.$field), )+
+                    _ => None,
+                }
+            }
+
+            fn table(&self) -> [(Story, f64); FAULT_COUNT] {
+                [$( (Story::$story, self.$field), )+]
+            }
+        }
+    };
+}
+
+faults! {
+    /// An event delivered twice (same event_id).
+    duplicate_delivery ("duplicate-delivery") => DuplicateDelivery = 0.03,
+    /// A revision emitted twice with the same body (new event_id).
+    duplicate_emission ("duplicate-emission") => DuplicateEmission = 0.01,
+    /// Two revisions swapped, the gap filled within the reorder window.
+    reorder ("reorder") => Reorder = 0.02,
+    /// A revision arriving after the reorder window closed (gap, then late).
+    reorder_beyond_window ("reorder-beyond-window") => ReorderBeyondWindow = 0.005,
+    /// Two writers transitioning the same revision.
+    conflict ("conflict") => Conflict = 0.005,
+    /// Outcome unknown and no confirmation ever comes (judged at the deadline).
+    missing_confirmation ("missing-confirmation") => MissingConfirmation = 0.01,
+    /// The destination holds another version.
+    divergent ("divergent") => Divergent = 0.005,
+    /// The effect found twice under two remote ids.
+    duplicate_effect ("duplicate-effect") => DuplicateEffect = 0.005,
+    /// The operation is cancelled.
+    cancellation ("cancellation") => Cancellation = 0.01,
+    /// Cancelled, then a stray worker starts it anyway.
+    invalid_transition ("invalid-transition") => InvalidTransition = 0.003,
+    /// A newer version is confirmed before an older one's effect is seen.
+    stale_version ("stale-version") => StaleVersion = 0.005,
+    /// Events of an operation whose request never arrives.
+    orphan ("orphan") => Orphan = 0.003,
+    /// Undecodable or invalid records (dead letters).
+    garbage ("garbage") => Garbage = 0.002,
+    /// A newer version requested while the older operation is pending,
+    /// processing or awaiting confirmation (the older one is superseded).
+    version_bump ("version-bump") => VersionBump = 0.01,
+    /// A failed attempt whose retry is scheduled past the confirmation
+    /// window, and never comes.
+    retry_scheduled_late ("retry-scheduled-late") => RetryScheduledLate = 0.005,
+    /// A query finds nothing, the operation is requeued, and nobody picks
+    /// the requeue up.
+    requeue_not_picked_up ("requeue-not-picked-up") => RequeueNotPickedUp = 0.005,
+    /// A requeue is picked up (a new attempt starts), but that attempt is
+    /// never confirmed either.
+    requeue_picked_up_then_lost ("requeue-picked-up-then-lost") => RequeuePickedUpThenLost = 0.005,
 }
 
 impl Faults {
-    /// No faults at all: clean lifecycles only.
-    pub fn none() -> Faults {
-        Faults {
-            duplicate_delivery: 0.0,
-            duplicate_emission: 0.0,
-            reorder: 0.0,
-            reorder_beyond_window: 0.0,
-            conflict: 0.0,
-            missing_confirmation: 0.0,
-            divergent: 0.0,
-            duplicate_effect: 0.0,
-            cancellation: 0.0,
-            invalid_transition: 0.0,
-            stale_version: 0.0,
-            orphan: 0.0,
-            garbage: 0.0,
-            version_bump: 0.0,
-            retry_scheduled_late: 0.0,
-            requeue_not_picked_up: 0.0,
-            requeue_picked_up_then_lost: 0.0,
-        }
-    }
-
-    fn table(&self) -> [(Story, f64); 17] {
-        [
-            (Story::DuplicateDelivery, self.duplicate_delivery),
-            (Story::DuplicateEmission, self.duplicate_emission),
-            (Story::Reorder, self.reorder),
-            (Story::ReorderBeyondWindow, self.reorder_beyond_window),
-            (Story::Conflict, self.conflict),
-            (Story::MissingConfirmation, self.missing_confirmation),
-            (Story::Divergent, self.divergent),
-            (Story::DuplicateEffect, self.duplicate_effect),
-            (Story::Cancellation, self.cancellation),
-            (Story::InvalidTransition, self.invalid_transition),
-            (Story::StaleVersion, self.stale_version),
-            (Story::Orphan, self.orphan),
-            (Story::Garbage, self.garbage),
-            (Story::VersionBump, self.version_bump),
-            (Story::RetryScheduledLate, self.retry_scheduled_late),
-            (Story::RequeueNotPickedUp, self.requeue_not_picked_up),
-            (Story::RequeuePickedUpThenLost, self.requeue_picked_up_then_lost),
-        ]
-    }
-
     /// Rates must be in [0, 1] and leave room for clean lifecycles.
     pub fn validate(&self) -> Result<(), String> {
         let mut sum = 0.0;
-        for (story, rate) in self.table() {
+        for (spec, (_, rate)) in Self::SPEC.iter().zip(self.table()) {
             if !(0.0..=1.0).contains(&rate) {
-                return Err(format!("fault rate --{} must be between 0 and 1, got {rate}", story.flag()));
+                return Err(format!("fault rate --{} must be between 0 and 1, got {rate}", spec.flag));
             }
             sum += rate;
         }
@@ -261,27 +241,16 @@ impl Story {
                 | Story::RequeuePickedUpThenLost
         )
     }
-
-    fn flag(self) -> String {
-        self.name().replace('_', "-")
-    }
-}
-
-/// One record for the input topic.
-#[derive(Debug, Clone, PartialEq)]
-pub enum LoadRecord {
-    /// A valid event, keyed by its entity.
-    Event(Event),
-    /// A record the reconciler must dead-letter with error class `class`.
-    Raw { key: Vec<u8>, value: Option<Vec<u8>>, class: &'static str },
 }
 
 /// A record and the wall-clock time (ms) at which a paced publisher sends
 /// it: its unit's start, so a unit's events go out together.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Planned {
+    /// Wall-clock time (ms) to send it at.
     pub due_ms: i64,
-    pub record: LoadRecord,
+    /// The input record: an event, or bytes the reconciler must dead-letter.
+    pub record: InputRecord,
 }
 
 /// How to generate.
@@ -289,7 +258,11 @@ pub struct Planned {
 pub struct Options {
     /// Operations to create (garbage records come on top).
     pub operations: u64,
+    /// Entities the operations are spread over (a story that retires one takes
+    /// a fresh one in its place).
     pub entities: u64,
+    /// Seed of the whole workload: the same seed and options give the same
+    /// records.
     pub seed: u64,
     /// Event time (ms) of the first unit.
     pub start_ms: i64,
@@ -303,6 +276,7 @@ pub struct Options {
     pub reorder_window_ms: i64,
     /// How many units are in flight at once (interleaving).
     pub interleave: usize,
+    /// The rate of each fault story.
     pub faults: Faults,
     /// Keep each operation's expected verdicts in the truth (off for huge
     /// runs that only need the counts: the map grows with the operations).
@@ -336,7 +310,7 @@ impl Options {
 }
 
 struct Unit {
-    records: VecDeque<LoadRecord>,
+    records: VecDeque<InputRecord>,
     entity: Option<u64>,
     due_ms: i64,
 }
@@ -518,6 +492,8 @@ impl OpBuilder<'_> {
 }
 
 impl Generator {
+    /// A generator of the workload `opts` describes; iterate it for the
+    /// records.
     pub fn new(opts: Options) -> Generator {
         let truth = GroundTruth::new(
             opts.seed,
@@ -557,6 +533,8 @@ impl Generator {
         &self.truth
     }
 
+    /// The ground truth, consuming the generator (complete once it was iterated
+    /// to the end).
     pub fn into_truth(self) -> GroundTruth {
         self.truth
     }
@@ -886,7 +864,7 @@ impl Generator {
         self.ops_made += 1;
         self.truth.events += evs.len() as u64;
         self.truth.records += evs.len() as u64;
-        unit.records.extend(evs.into_iter().map(LoadRecord::Event));
+        unit.records.extend(evs.into_iter().map(InputRecord::Event));
         Some(unit)
     }
 
@@ -947,7 +925,7 @@ impl Generator {
         };
         self.truth.expect_dead_letter(class);
         self.truth.records += 1;
-        unit.records.push_back(LoadRecord::Raw { key, value, class });
+        unit.records.push_back(InputRecord::Raw { key, value, class });
     }
 
     /// Admits the next unit if its entity is free.

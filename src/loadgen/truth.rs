@@ -11,7 +11,9 @@ use crate::core::{Action, AnomalyKind, Outcome};
 /// One verdict the reconciler must issue for an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Expected {
+    /// Outcome the verdict must have.
     pub outcome: Outcome,
+    /// Action the verdict must recommend.
     pub action: Action,
     /// Decided only when a timer fires (wall clock): a confirmation
     /// deadline or a follow-up; then the event time it is due (the
@@ -30,6 +32,8 @@ impl Expected {
         Expected { outcome, action, timer_at: Some(at) }
     }
 
+    /// Whether the verdict waits for a timer (it comes only once the pipeline
+    /// fires it).
     pub fn needs_timer(&self) -> bool {
         self.timer_at.is_some()
     }
@@ -40,6 +44,7 @@ impl Expected {
         format!("{}/{}{timer}", self.outcome.as_str(), self.action.as_str())
     }
 
+    /// The inverse of [`label`](Self::label); `None` for a malformed label.
     pub fn parse(label: &str) -> Option<Expected> {
         let (pair, timer_at) = match label.split_once("+timer@") {
             Some((p, t)) => (p, Some(t.parse().ok()?)),
@@ -58,6 +63,8 @@ impl Expected {
 /// unless told otherwise); a run with other settings may legitimately differ.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assumptions {
+    /// Reorder window the stories with gaps were built against (a gap outlasts
+    /// it, an orphan waits exactly it).
     pub reorder_window_ms: i64,
     /// Retention must be longer than the age of the oldest event at run time.
     pub min_retention_ms: i64,
@@ -70,18 +77,27 @@ pub struct Assumptions {
 /// Everything the reconciler must publish for a workload (the JSON file).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroundTruth {
+    /// Seed the workload was generated with.
     pub seed: u64,
+    /// Operations created.
     pub operations: u64,
+    /// Entities the operations were spread over (not counting those taken in
+    /// place of retired ones).
     pub entities: u64,
     /// Records published to the input topic.
     pub records: u64,
     /// Of those, decodable events (the rest are dead letters).
     pub events: u64,
+    /// Of `records`, those that must be dead-lettered.
     pub dead_letters: u64,
+    /// `dead_letters` by the error class the reconciler must give them (SPEC
+    /// §8).
     pub dead_letters_by_class: BTreeMap<String, u64>,
+    /// Settings of the reconciler the truth holds for.
     pub assumes: Assumptions,
     /// How many units of each story the workload holds.
     pub stories: BTreeMap<String, u64>,
+    /// Verdicts expected in all.
     pub verdict_count: u64,
     /// Of `verdict_count`, those that need a deadline to fire first.
     pub timer_verdicts: u64,
@@ -145,11 +161,13 @@ impl GroundTruth {
         self.anomalies.values().sum()
     }
 
+    /// Writes the truth to `path` as JSON.
     pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
         let f = std::io::BufWriter::new(std::fs::File::create(path)?);
         serde_json::to_writer(f, self).map_err(std::io::Error::other)
     }
 
+    /// Reads a truth written by [`write`](Self::write).
     pub fn read(path: &std::path::Path) -> std::io::Result<GroundTruth> {
         let f = std::io::BufReader::new(std::fs::File::open(path)?);
         serde_json::from_reader(f).map_err(std::io::Error::other)

@@ -11,9 +11,10 @@ use crate::codec::Codec;
 use crate::config::Config;
 use crate::core::{Action, Outcome};
 use crate::kafka::reader::TopicReader;
-use crate::kafka::{KafkaError, Record};
+use crate::kafka::KafkaError;
 use crate::operator::audit::{self, Untimed};
 use crate::operator::{commands, OperatorError};
+use crate::records::{headers, Record};
 
 use super::truth::{Expected, GroundTruth};
 
@@ -26,12 +27,15 @@ pub struct Report {
     /// (expected outcome, actual outcome) → count, verdict by verdict in
     /// each operation's order; `-` where one side has no verdict.
     pub confusion: BTreeMap<(String, String), u64>,
+    /// Operations compared: the truth's, and any others that received verdicts.
     pub operations: u64,
     /// Operations whose verdicts (outcome and action, in order) all match.
     pub operations_agreeing: u64,
     /// A few operations that disagree: (operation, expected, actual).
     pub examples: Vec<(String, Vec<String>, Vec<String>)>,
+    /// Verdicts the truth expects.
     pub verdicts_expected: u64,
+    /// Distinct verdicts read (by verdict_id).
     pub verdicts_seen: u64,
     /// Kind → (expected, seen).
     pub anomalies: BTreeMap<String, (u64, u64)>,
@@ -50,6 +54,9 @@ impl Report {
             && self.dead_letters.values().all(|(e, s)| e == s)
     }
 
+    /// The report as text: agreement, the confusion table, anomalies and dead
+    /// letters against the truth, examples of disagreement, and AGREE or
+    /// DISAGREE.
     pub fn render(&self) -> String {
         let mut s = String::new();
         let pct = 100.0 * self.operations_agreeing as f64 / self.operations.max(1) as f64;
@@ -98,15 +105,8 @@ impl Report {
 /// included; the copies name the same source). A record without the
 /// provenance headers is told apart by its own position.
 fn dead_letter_source(r: &Record) -> (String, String, String) {
-    let header = |name: &str| {
-        r.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .and_then(|(_, v)| v.as_deref())
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-    };
-    match (header("reconciler.source.topic"), header("reconciler.source.partition"), header("reconciler.source.offset"))
-    {
+    let header = |name: &str| r.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
+    match (header(headers::SOURCE_TOPIC), header(headers::SOURCE_PARTITION), header(headers::SOURCE_OFFSET)) {
         (Some(t), Some(p), Some(o)) => (t, p, o),
         _ => (format!("{}?", r.topic), r.partition.to_string(), r.offset.to_string()),
     }
@@ -176,10 +176,7 @@ pub fn compare(cfg: &Config, truth: &GroundTruth, records: &[Record], complete: 
                 continue; // a copy re-published after a crash
             }
             let class = r
-                .headers
-                .iter()
-                .find(|(k, _)| k == "reconciler.error.class")
-                .and_then(|(_, v)| v.as_deref())
+                .header(headers::ERROR_CLASS)
                 .map_or_else(|| "?".to_owned(), |v| String::from_utf8_lossy(v).into_owned());
             *dead.entry(class).or_default() += 1;
             continue;

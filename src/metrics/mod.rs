@@ -8,16 +8,18 @@
 //!   Prometheus counters do;
 //! - gauges that describe the *state* (operations by state, oldest
 //!   unconfirmed operation, open reviews, consumer lag). Those are derived
-//!   from the store and the broker by the [`sampler`], never counted
-//!   incrementally, so they are right after a restart or a rebalance too.
+//!   from the store and the broker by the pipeline's state sampler
+//!   ([`crate::pipeline::sampler`]), never counted incrementally, so they
+//!   are right after a restart or a rebalance too.
+//!
+//! This module is only the typed registry: nothing here reads the store or
+//! the broker.
 //!
 //! Every label is bounded: outcomes, actions, kinds, states, error classes
 //! and escalation reasons are closed enums; operation types are the
 //! configured ones plus the first `max_operation_types` others seen, then
 //! `other`; error codes (free text from the producers) are the first
 //! [`MAX_ERROR_CODES`] seen, then `other`; partitions are the input topic's.
-
-pub mod sampler;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,8 +34,6 @@ use prometheus::{
 
 use crate::core::event::ErrorClass;
 use crate::core::{Disposition, Escalation, OperationState, Output, RepairAction, Status};
-
-pub use sampler::Sampler;
 
 /// The label of operation types (and error codes) beyond the bound.
 pub const OTHER_TYPE: &str = "other";
@@ -79,6 +79,8 @@ impl BoundedLabels {
 /// outbox re-published.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Readiness {
+    /// Partitions assigned and all of them restored; as [`Metrics::readiness`]
+    /// reports it, also publishing not refused.
     pub ready: bool,
     /// The group has assigned this member its partitions (possibly none).
     pub assigned: bool,
@@ -86,6 +88,8 @@ pub struct Readiness {
     pub partitions: usize,
     /// Owned partitions whose state is restored.
     pub restored: usize,
+    /// Publishing is refused with an error no retry cures (the error).
+    pub publish_refused: Option<String>,
 }
 
 /// All metrics of one reconciler process.
@@ -449,32 +453,113 @@ impl Metrics {
         self.batch_duration.observe(took.as_secs_f64());
     }
 
+    /// `n` timers fired (their `DeadlineReached` events acknowledged).
     pub fn timers_fired(&self, n: usize) {
         self.timers_fired.inc_by(n as u64);
     }
 
+    /// One failed attempt to publish outputs, to be retried.
     pub fn publish_retry(&self) {
         self.publish_retries.inc();
     }
 
+    /// `n` outputs of a previous run re-published from the outbox at start.
     pub fn outbox_republished(&self, n: usize) {
         self.outbox_republished.inc_by(n as u64);
     }
 
-    /// Sets readiness (from the run loop).
+    /// Sets readiness as the run loop sees it (partitions restored).
     pub fn set_readiness(&self, r: Readiness) {
-        self.ready.store(r.ready, Ordering::SeqCst);
-        self.ready_gauge.set(i64::from(r.ready));
-        self.partitions_owned.set(r.partitions as i64);
-        *self.readiness.lock().expect("not poisoned") = r;
+        let mut current = self.readiness.lock().expect("not poisoned");
+        let refused = current.publish_refused.take();
+        *current = Readiness { publish_refused: refused, ..r };
+        self.publish_readiness(&current);
     }
 
+    /// Publishing outputs is refused with an error no retry cures (`Some`,
+    /// with the error), or no longer (`None`): not ready meanwhile.
+    pub fn set_publish_refused(&self, error: Option<String>) {
+        let mut current = self.readiness.lock().expect("not poisoned");
+        if current.publish_refused != error {
+            current.publish_refused = error;
+            self.publish_readiness(&current);
+        }
+    }
+
+    fn publish_readiness(&self, r: &Readiness) {
+        let ready = r.ready && r.publish_refused.is_none();
+        self.ready.store(ready, Ordering::SeqCst);
+        self.ready_gauge.set(i64::from(ready));
+        self.partitions_owned.set(r.partitions as i64);
+    }
+
+    /// Whether the instance can do its work (what `/readyz` answers).
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
     }
 
+    /// The readiness details (the body of `/readyz`).
     pub fn readiness(&self) -> Readiness {
-        self.readiness.lock().expect("not poisoned").clone()
+        let mut r = self.readiness.lock().expect("not poisoned").clone();
+        r.ready &= r.publish_refused.is_none();
+        r
+    }
+
+    /// Outputs stored but not yet acknowledged.
+    pub fn set_outbox_pending(&self, n: usize) {
+        self.outbox_pending.set(n as i64);
+    }
+
+    /// The lag of owned partition `partition`.
+    pub fn set_lag(&self, partition: i32, lag: i64) {
+        self.consumer_lag.with_label_values(&[partition.to_string().as_str()]).set(lag);
+    }
+
+    /// Removes the lag of a partition no longer owned.
+    pub fn clear_lag(&self, partition: i32) {
+        let _ = self.consumer_lag.remove_label_values(&[partition.to_string().as_str()]);
+    }
+
+    /// Operations in the store by state (`count` of each state).
+    pub fn set_operations(&self, count: impl Fn(Status) -> i64) {
+        for st in Status::ALL {
+            self.operations.with_label_values(&[st.as_str()]).set(count(st));
+        }
+    }
+
+    /// The oldest unconfirmed operation of type label `ty` (age in
+    /// seconds) and that type's confirmation window (seconds).
+    pub fn set_unconfirmed(&self, ty: &str, age_secs: f64, window_secs: f64) {
+        self.oldest_unconfirmed.with_label_values(&[ty]).set(age_secs);
+        self.confirm_window.with_label_values(&[ty]).set(window_secs);
+    }
+
+    /// Type label `ty` has no unconfirmed operation any more.
+    pub fn clear_unconfirmed(&self, ty: &str) {
+        let _ = self.oldest_unconfirmed.remove_label_values(&[ty]);
+        let _ = self.confirm_window.remove_label_values(&[ty]);
+    }
+
+    /// The review queue of type label `ty`: its size and the age (seconds)
+    /// of its oldest case, or `None` when it is empty (shown as 0 rather
+    /// than vanishing, so that panels and alerts see it drop).
+    pub fn set_review(&self, ty: &str, open: Option<(i64, f64)>) {
+        match open {
+            Some((n, oldest)) => {
+                self.review_open.with_label_values(&[ty]).set(n);
+                self.review_oldest.with_label_values(&[ty]).set(oldest);
+            }
+            None => {
+                self.review_open.with_label_values(&[ty]).set(0);
+                let _ = self.review_oldest.remove_label_values(&[ty]);
+            }
+        }
+    }
+
+    /// How long the last scan of the store took and how many operations it read.
+    pub fn set_scan(&self, took: Duration, operations: i64) {
+        self.scan_duration.set(took.as_secs_f64());
+        self.scan_operations.set(operations);
     }
 
     /// The name of every metric, whether or not it has a value yet

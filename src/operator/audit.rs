@@ -12,8 +12,11 @@ use crate::store::{Store, StoreError};
 /// An operation that nothing will ever wake again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Untimed {
+    /// The partition holding the operation.
     pub partition: i32,
+    /// The operation's id.
     pub operation_id: String,
+    /// Its state (never MANUAL_REVIEW: those wait for a person, not a timer).
     pub state: Status,
     /// The timer its state names (then missing from the index), if any.
     pub timer_at: Option<i64>,

@@ -13,15 +13,16 @@ use super::replay::{self, ReplayOptions};
 use super::resolve::{self, ResolveRequest};
 use super::review::ReviewFilter;
 use super::{explain, render, review, OperatorError};
+use crate::clock::system_clock;
 use crate::codec::Codec;
 use crate::config::Config;
 use crate::kafka::producer::Publisher;
-use crate::pipeline::system_clock;
 use crate::store::Store;
 
 /// A read view of a state directory, also while `reconciler run` holds it
 /// (a RocksDB secondary instance, whose scratch directory is removed on drop).
 pub struct StoreView {
+    /// The secondary instance, caught up with its writer when opened.
     pub store: Store,
     scratch: PathBuf,
 }

@@ -10,7 +10,9 @@ use crate::store::{Store, StoreError};
 /// The digest with what it covers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StateDigest {
+    /// Operations in the store.
     pub operations: u64,
+    /// Entities in the store.
     pub entities: u64,
     /// 128-bit XXH3 over every (family, key, value) in key order, hex.
     pub digest: String,

@@ -19,13 +19,13 @@ use super::OperatorError;
 use crate::codec::DecodeError;
 use crate::kafka::producer::Publisher;
 use crate::kafka::reader::read_to_end;
-use crate::kafka::Record;
-use crate::store::OutboxRecord;
+use crate::records::Record;
+use crate::records::{headers, OutboxRecord};
 
 /// Prefix of the headers the reconciler adds to dead letters.
 pub const PROVENANCE_PREFIX: &str = "reconciler.";
 /// Added to a re-driven record: where its dead letter was.
-pub const REDRIVEN_FROM: &str = "reconciler.redriven.from";
+pub use crate::records::headers::REDRIVEN_FROM;
 
 /// How long reading a whole DLQ may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,24 +33,38 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Where a dead letter's record was first read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Source {
+    /// Topic the record was read from (`reconciler.source.topic`).
     pub topic: String,
+    /// Its partition there (`reconciler.source.partition`); `None` when the
+    /// header is missing or unreadable.
     pub partition: Option<i32>,
+    /// Its offset there (`reconciler.source.offset`).
     pub offset: Option<i64>,
+    /// Its broker timestamp, ms (`reconciler.source.timestamp`); `None` when it
+    /// had none.
     pub timestamp: Option<i64>,
 }
 
 /// One dead letter and its provenance.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
+    /// Partition of the dead letter in the DLQ.
     pub partition: i32,
+    /// Offset of the dead letter in the DLQ (`dlq redrive --offset` takes
+    /// both, as `PARTITION:OFFSET`).
     pub offset: i64,
+    /// Broker timestamp of the dead letter, ms.
     pub timestamp: Option<i64>,
     /// The key as text (lossy UTF-8).
     pub key: Option<String>,
     /// Length of the value kept in the DLQ (`None`: null value).
     pub value_bytes: Option<usize>,
+    /// Error class (`reconciler.error.class`: `bad_magic`, `oversize`, ...;
+    /// SPEC §8).
     pub class: String,
+    /// Why the record could not be used (`reconciler.error.message`).
     pub message: String,
+    /// Where the record was first read.
     pub source: Source,
     /// Set when the value was cut to fit a producer (oversize): its
     /// original length. Such a dead letter cannot be re-driven.
@@ -59,6 +73,7 @@ pub struct DeadLetter {
     pub redriven_from: Option<String>,
     /// The record's own headers (without the reconciler's), lossy UTF-8.
     pub headers: Vec<(String, Option<String>)>,
+    /// The DLQ record as read: what a re-drive sends on.
     #[serde(skip)]
     pub record: Record,
 }
@@ -93,12 +108,8 @@ impl DlqFilter {
     }
 }
 
-fn header<'a>(r: &'a Record, name: &str) -> Option<&'a [u8]> {
-    r.headers.iter().rev().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref())
-}
-
 fn text(r: &Record, name: &str) -> Option<String> {
-    header(r, name).map(|v| String::from_utf8_lossy(v).into_owned())
+    r.header(name).map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 fn parsed<T: std::str::FromStr>(r: &Record, name: &str) -> Option<T> {
@@ -113,15 +124,15 @@ pub fn dead_letter(r: Record) -> DeadLetter {
         timestamp: r.timestamp,
         key: r.key.as_deref().map(|k| String::from_utf8_lossy(k).into_owned()),
         value_bytes: r.value.as_ref().map(Vec::len),
-        class: text(&r, "reconciler.error.class").unwrap_or_default(),
-        message: text(&r, "reconciler.error.message").unwrap_or_default(),
+        class: text(&r, headers::ERROR_CLASS).unwrap_or_default(),
+        message: text(&r, headers::ERROR_MESSAGE).unwrap_or_default(),
         source: Source {
-            topic: text(&r, "reconciler.source.topic").unwrap_or_default(),
-            partition: parsed(&r, "reconciler.source.partition"),
-            offset: parsed(&r, "reconciler.source.offset"),
-            timestamp: parsed(&r, "reconciler.source.timestamp"),
+            topic: text(&r, headers::SOURCE_TOPIC).unwrap_or_default(),
+            partition: parsed(&r, headers::SOURCE_PARTITION),
+            offset: parsed(&r, headers::SOURCE_OFFSET),
+            timestamp: parsed(&r, headers::SOURCE_TIMESTAMP),
         },
-        truncated_from: parsed(&r, "reconciler.value.truncated"),
+        truncated_from: parsed(&r, headers::VALUE_TRUNCATED),
         redriven_from: text(&r, REDRIVEN_FROM),
         headers: r
             .headers
@@ -172,9 +183,13 @@ pub fn redrive_record(d: &DeadLetter, input_topic: &str) -> Result<(OutboxRecord
 /// One dead letter of a re-drive.
 #[derive(Debug, Clone, Serialize)]
 pub struct RedriveItem {
+    /// Partition of the dead letter in the DLQ.
     pub dlq_partition: i32,
+    /// Offset of the dead letter in the DLQ.
     pub dlq_offset: i64,
+    /// Its error class.
     pub class: String,
+    /// Its key as text (lossy UTF-8).
     pub key: Option<String>,
     /// The input partition it goes to (`None`: chosen by key).
     pub to_partition: Option<i32>,
@@ -185,9 +200,14 @@ pub struct RedriveItem {
 /// What a re-drive did.
 #[derive(Debug, Clone, Serialize)]
 pub struct RedriveReport {
+    /// Nothing was sent: the report says what would have been.
     pub dry_run: bool,
+    /// Dead letters re-published to the input topic (in a dry run: that would
+    /// be).
     pub sent: usize,
+    /// Dead letters that cannot be re-driven (each item says why).
     pub skipped: usize,
+    /// Every dead letter selected, sent or not, oldest first.
     pub items: Vec<RedriveItem>,
 }
 
@@ -242,7 +262,7 @@ pub fn redrive(
         });
     }
     if !dry_run && !records.is_empty() {
-        let publisher = Publisher::new(kafka, max_record_bytes + crate::pipeline::DLQ_HEADER_ROOM)?;
+        let publisher = Publisher::new(kafka, max_record_bytes + crate::records::DLQ_HEADER_ROOM)?;
         publisher.publish_all(records.iter().map(|(r, p, _)| (r, *p)))?;
         for (_, p, d) in &records {
             tracing::info!(

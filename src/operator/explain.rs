@@ -13,43 +13,63 @@ use crate::store::{Store, StoreError, TimelineEntry};
 /// What the operation was supposed to do (from its `Requested`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Expected {
+    /// Event time of the `Requested`: the confirmation window starts here.
     pub requested_at: i64,
+    /// Version the effect must carry.
     pub version: Option<i64>,
+    /// Fingerprint the effect must carry.
     pub fingerprint: Option<String>,
+    /// Key a PROBE or REQUEUE reuses.
     pub idempotency_key: Option<String>,
+    /// Repeating the call is safe, so a missing effect may be requeued.
     pub idempotent: bool,
+    /// The external system that must hold the effect.
     pub destination: String,
+    /// Confirmation window, resolved (the event's, the type's or the default).
     pub confirm_within_ms: i64,
+    /// Attempt limit, resolved (the event's, the type's or the default).
     pub max_attempts: i32,
 }
 
 /// What the evidence so far shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct Observed {
+    /// Version last observed at the destination.
     pub version: Option<i64>,
+    /// Fingerprint last observed at the destination.
     pub fingerprint: Option<String>,
+    /// Distinct remote ids observed, in order; a second one is a duplicate
+    /// effect.
     pub remote_ids: Vec<String>,
+    /// Highest attempt number seen.
     pub attempts: i32,
+    /// An attempt was seen (Started, AttemptFailed or OutcomeUnknown).
     pub started: bool,
+    /// Event time of the latest event that reached the state machine.
     pub last_event_at: i64,
 }
 
 /// Counters of the operation.
 #[derive(Debug, Clone, Serialize)]
 pub struct Counts {
+    /// Events applied to the state.
     pub events_applied: i64,
+    /// Duplicate deliveries and emissions seen.
     pub duplicates_seen: i64,
+    /// Events that arrived ahead of their turn.
     pub out_of_order_seen: i64,
     /// Events waiting in the reorder buffer now.
     pub held_now: usize,
     /// Events recorded as orphans, waiting for their `Requested`.
     pub orphaned_now: usize,
+    /// Verdicts issued.
     pub verdicts: u32,
 }
 
 /// One timeline entry with what the whole timeline says about it.
 #[derive(Debug, Clone, Serialize)]
 pub struct TimelineRow {
+    /// The entry as stored.
     #[serde(flatten)]
     pub entry: TimelineEntry,
     /// 1 for the first arrival of this event_id, 2 for the first
@@ -65,10 +85,15 @@ pub struct TimelineRow {
 /// Everything `explain` shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct Explanation {
+    /// The operation explained.
     pub operation_id: String,
+    /// The entity it belongs to (the records' key).
     pub entity_id: String,
+    /// Its type (selects the per-type policy).
     pub operation_type: String,
+    /// The input partition holding it and its state.
     pub partition: i32,
+    /// Where it stands in the state machine.
     pub state: Status,
     /// The confirmation deadline while it is armed (spent once judged
     /// overdue or replaced by a follow-up).
@@ -84,15 +109,23 @@ pub struct Explanation {
     /// The next timer of the operation (deadline, follow-up, reorder
     /// window or end of retention); `None` only in manual review.
     pub next_timer_at: Option<i64>,
+    /// Event time it entered manual review.
     pub review_since: Option<i64>,
+    /// Event time it became terminal; retention counts from it.
     pub terminal_at: Option<i64>,
     /// `None` while the `Requested` has not arrived.
     pub expected: Option<Expected>,
+    /// What the evidence so far shows.
     pub observed: Observed,
+    /// Events applied, duplicates, out-of-order, held and orphaned events,
+    /// verdicts.
     pub counts: Counts,
+    /// The latest verdict, if any.
     pub last_verdict: Option<LastVerdict>,
     /// Decisions `resolve` would accept now (empty once terminal).
     pub allowed_decisions: Vec<Decision>,
+    /// Every record that arrived for it, in arrival order (the last
+    /// [`TIMELINE_CAP`](crate::store::timeline::TIMELINE_CAP)).
     pub timeline: Vec<TimelineRow>,
     /// Early timeline entries overwritten by the per-operation cap.
     pub timeline_dropped: u64,

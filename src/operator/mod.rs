@@ -18,7 +18,6 @@ pub mod render;
 pub mod replay;
 pub mod resolve;
 pub mod review;
-pub mod timeline;
 
 pub use digest::{state_digest, StateDigest};
 pub use explain::{explain, Explanation};
@@ -35,18 +34,36 @@ use crate::store::StoreError;
 /// Why an operator request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
+    /// The state store could not be read.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Reading from or publishing to Kafka failed.
     #[error(transparent)]
     Kafka(#[from] KafkaError),
+    /// A decision event could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// The replay's pipeline failed.
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    /// No operation with this id in the store (never seen here, or removed
+    /// after retention).
     #[error("operation {0} is not in the state store (never seen, or removed after retention)")]
     NotFound(String),
+    /// The core refuses the decision in the operation's present state.
     #[error("refused: {decision} for operation {operation_id}: {refusal}; {}", accepted(.allowed))]
-    Refused { operation_id: String, decision: &'static str, refusal: DecisionRefusal, allowed: Vec<Decision> },
+    Refused {
+        /// The operation decided on.
+        operation_id: String,
+        /// The decision refused (`CONFIRM`, ...).
+        decision: &'static str,
+        /// Why the core refuses it.
+        refusal: DecisionRefusal,
+        /// The decisions the operation accepts now (possibly none).
+        allowed: Vec<Decision>,
+    },
+    /// A request that cannot be carried out as given (empty actor, unknown
+    /// error class, a used state directory, ...); the message says why.
     #[error("{0}")]
     Invalid(String),
 }

@@ -47,6 +47,7 @@ pub struct ReplayOptions {
 /// One partition's progress.
 #[derive(Debug, Clone, Serialize)]
 pub struct PartitionProgress {
+    /// The input partition.
     pub partition: i32,
     /// Records consumed so far.
     pub done: i64,
@@ -57,17 +58,23 @@ pub struct PartitionProgress {
 /// Progress, reported a few times a second.
 #[derive(Debug, Clone, Serialize)]
 pub struct Progress {
+    /// Each input partition's progress.
     pub partitions: Vec<PartitionProgress>,
+    /// Wall time since the replay started.
     pub elapsed_ms: u64,
+    /// Records consumed per second so far.
     pub events_per_sec: f64,
+    /// Time left at that rate; `None` until something was consumed.
     pub eta_ms: Option<u64>,
 }
 
 impl Progress {
+    /// Records consumed so far, in all partitions.
     pub fn done(&self) -> i64 {
         self.partitions.iter().map(|p| p.done).sum()
     }
 
+    /// Records to replay, in all partitions.
     pub fn total(&self) -> i64 {
         self.partitions.iter().map(|p| p.total).sum()
     }
@@ -76,7 +83,9 @@ impl Progress {
 /// Replayed verdicts against the live verdict topic, by verdict_id.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct VerdictDiff {
+    /// Distinct verdicts in the live topic.
     pub live: usize,
+    /// Distinct verdicts in the replay's topic.
     pub replayed: usize,
     /// Same id, same bytes.
     pub equal: usize,
@@ -88,24 +97,38 @@ pub struct VerdictDiff {
     pub extra: usize,
     /// Up to ten ids of each kind of difference, for a closer look.
     pub differing_ids: Vec<String>,
+    /// Up to ten ids of the `missing` verdicts.
     pub missing_ids: Vec<String>,
+    /// Up to ten ids of the `extra` verdicts.
     pub extra_ids: Vec<String>,
 }
 
 /// What a replay did.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplaySummary {
+    /// The directory the state was rebuilt in.
     pub state_dir: String,
+    /// Input records replayed (events and dead letters).
     pub events: u64,
+    /// Decoded events by how the core accounted for them (applied, duplicate,
+    /// held, ...).
     pub by_disposition: BTreeMap<String, u64>,
+    /// Verdicts issued.
     pub verdicts: u64,
+    /// Anomalies issued.
     pub anomalies: u64,
+    /// Records dead-lettered.
     pub dead_letters: u64,
+    /// Digest of the rebuilt state; equal to the live store's when both hold
+    /// the same state.
     pub digest: StateDigest,
+    /// Wall time from the start to the digest (the diff not included).
     pub duration_ms: u64,
+    /// `events` per second of `duration_ms`.
     pub events_per_sec: f64,
     /// Where the outputs went (`None`: discarded).
     pub output_topics: Option<Topics>,
+    /// The comparison with the live verdict topic (with `diff`).
     pub diff: Option<VerdictDiff>,
 }
 

@@ -17,7 +17,8 @@ use crate::codec::Codec;
 use crate::core::event::{Body, Decision, Event};
 use crate::core::OperationState;
 use crate::kafka::producer::Publisher;
-use crate::store::{OutboxRecord, Store};
+use crate::records::OutboxRecord;
+use crate::store::Store;
 
 /// Namespace of manual-decision event ids.
 const NAMESPACE: Uuid = Uuid::from_u128(0x3b0d_52a4_91c7_4e0c_8f6e_7d21_aa90_5c13);
@@ -28,10 +29,17 @@ pub const PRODUCER: &str = "reconciler-operator";
 /// A decision as a person enters it.
 #[derive(Debug, Clone)]
 pub struct ResolveRequest {
+    /// The operation decided on.
     pub operation_id: String,
+    /// What to do: confirm, requeue, compensate or close (SPEC §4
+    /// `ManualDecision`).
     pub decision: Decision,
+    /// Who decides; must not be empty.
     pub actor: String,
+    /// Why; must not be empty. Redacted like other free text before it is
+    /// stored.
     pub note: String,
+    /// What was checked before deciding.
     pub evidence_checked: Vec<String>,
 }
 
@@ -40,6 +48,8 @@ pub struct ResolveRequest {
 pub struct PreparedDecision {
     /// The operation's partition: the event goes there, beside its state.
     pub partition: i32,
+    /// The `ManualDecision` event; its id follows from the review round and the
+    /// decision's content.
     pub event: Event,
 }
 
@@ -94,7 +104,7 @@ pub fn check(op: &OperationState, decision: Decision) -> Result<(), OperatorErro
 
 /// The record to publish to input topic `topic`: keyed by entity_id.
 pub fn record(codec: &Codec, topic: &str, d: &PreparedDecision) -> Result<OutboxRecord, OperatorError> {
-    Ok(crate::pipeline::event_record(codec, topic, &d.event)?)
+    Ok(crate::records::event_record(codec, topic, &d.event)?)
 }
 
 /// Publishes a prepared decision to the operation's partition of `topic`

@@ -28,8 +28,10 @@ pub enum Waiting {
 }
 
 impl Waiting {
+    /// Every value, in the order `--waiting` lists them.
     pub const ALL: [Waiting; 2] = [Waiting::Person, Waiting::Machine];
 
+    /// The name `--waiting` takes and the JSON shows.
     pub fn as_str(self) -> &'static str {
         match self {
             Waiting::Person => "person",
@@ -41,7 +43,9 @@ impl Waiting {
 /// Which cases to list.
 #[derive(Debug, Clone, Default)]
 pub struct ReviewFilter {
+    /// Only this operation type.
     pub operation_type: Option<String>,
+    /// Only cases whose last verdict has this outcome.
     pub outcome: Option<Outcome>,
     /// Only cases waiting for at least this long.
     pub older_than_ms: Option<i64>,
@@ -52,10 +56,15 @@ pub struct ReviewFilter {
 /// One case of the queue.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReviewItem {
+    /// The operation waiting.
     pub operation_id: String,
+    /// The entity it belongs to.
     pub entity_id: String,
+    /// Its type.
     pub operation_type: String,
+    /// The input partition holding it.
     pub partition: i32,
+    /// Where it stands in the state machine.
     pub state: Status,
     /// Whose move it is.
     pub waiting: Waiting,
@@ -64,14 +73,21 @@ pub struct ReviewItem {
     pub since: i64,
     /// `now - since`, in milliseconds.
     pub age_ms: i64,
+    /// The last verdict's outcome.
     pub outcome: Option<Outcome>,
+    /// The last verdict's action.
     pub recommended_action: Option<Action>,
     /// The last verdict's one-sentence reason.
     pub reason: String,
+    /// The last verdict's id.
     pub verdict_id: Option<String>,
+    /// Highest attempt number seen.
     pub attempts: i32,
+    /// Version the effect must carry (from the `Requested`).
     pub expected_version: Option<i64>,
+    /// Version last observed at the destination.
     pub observed_version: Option<i64>,
+    /// Distinct remote ids observed; a second one is a duplicate effect.
     pub remote_ids: Vec<String>,
     /// What `resolve` accepts for it.
     pub allowed_decisions: Vec<Decision>,

@@ -1,15 +1,23 @@
-//! The data layer against a real RocksDB store, driven the way the
-//! pipeline drives it: `Arrival` → `core::apply` → `timeline::record` → one batch.
+//! The data layer against a real RocksDB store, driven by the pipeline's
+//! own batch step ([`Applier`]: decode, `core::apply`, timeline, one
+//! atomic write), without a broker.
+
+use std::collections::BTreeMap;
 
 use super::*;
-use crate::core::event::{Body, Decision, EffectObserved, Event, EvidenceSource, Requested, SourcePos};
-use crate::core::{apply, Disposition, Policy, Status};
+use crate::codec::Codec;
+use crate::config::Config;
+use crate::core::event::{Body, Decision, EffectObserved, Event, EvidenceSource, Requested};
+use crate::core::{Disposition, Status};
+use crate::metrics::Metrics;
+use crate::pipeline::{Applier, Stats};
+use crate::records::{event_record, Record};
 use crate::store::tests::{temp, TempDir};
 use crate::store::{Batch, Store};
 
 struct Harness {
     store: Store,
-    policy: Policy,
+    cfg: Config,
     offset: i64,
     _dir: TempDir,
 }
@@ -50,32 +58,30 @@ impl Harness {
     fn new(name: &str) -> Harness {
         let dir = temp(&format!("operator-{name}"));
         let store = Store::open(&dir.0, "t.events", false).unwrap();
-        Harness { store, policy: Policy::default(), offset: 0, _dir: dir }
+        Harness { store, cfg: Config::default(), offset: 0, _dir: dir }
     }
 
-    /// One batch of events on partition 0, as the pipeline writes it.
+    /// One batch of events on partition 0, through the pipeline's batch
+    /// step; how each was accounted for, read back from the timeline of
+    /// operation op-1 (every event here is of op-1).
     fn batch(&mut self, events: Vec<Event>) -> Vec<Disposition> {
-        let mut batch = Batch::default();
-        let (mut slot, mut total) = self.store.load_op(0, "op-1").unwrap();
-        let before = slot.as_ref().and_then(|s| s.timer_at);
-        let mut entity = self.store.get_entity(0, "cust-1").unwrap();
-        let mut out = Vec::new();
-        let mut ds = Vec::new();
-        for e in events {
-            let pos = SourcePos { partition: 0, offset: self.offset };
-            self.offset += 1;
-            let a = timeline::Arrival::of(&e, pos, &self.policy);
-            let d = apply(&self.policy, &mut slot, &mut entity, e, pos, &mut out).disposition;
-            timeline::record(&mut batch, &mut total, a, d, &out, slot.is_some());
-            out.clear();
-            ds.push(d);
-        }
-        batch.move_timer(0, "op-1", before, slot.as_ref());
-        batch.put_op(0, "op-1".into(), slot, total);
-        batch.put_entity(0, "cust-1".into(), Some(entity));
-        batch.set_offset(0, self.offset);
-        self.store.commit(batch).unwrap();
-        ds
+        let (codec, policy) = (Codec::new(), self.cfg.policy());
+        let metrics = Metrics::new(self.cfg.types.keys(), 0);
+        let applier = Applier::new(&self.cfg, &self.store, &policy, &codec, &metrics);
+        let records: Vec<Record> = events
+            .iter()
+            .map(|e| {
+                let r = event_record(&codec, &self.cfg.topics.events, e).unwrap();
+                self.offset += 1;
+                let (topic, key, value, headers) = (r.topic, r.key, r.value, r.headers);
+                Record { topic, partition: 0, offset: self.offset - 1, timestamp: None, key, value, headers }
+            })
+            .collect();
+        let mut next = BTreeMap::from([(0, self.offset - records.len() as i64)]);
+        let applied = applier.apply(&records, &mut next, &BTreeMap::new(), &mut Stats::default()).unwrap();
+        self.store.write_encoded(&applied.batch).unwrap();
+        let timeline = self.store.timeline(0, "op-1").unwrap();
+        timeline.entries.iter().rev().take(events.len()).rev().map(|e| e.disposition).collect()
     }
 }
 

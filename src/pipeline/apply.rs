@@ -21,22 +21,31 @@ use rustc_hash::FxHashMap;
 
 use tracing::{debug, info};
 
-use super::{dead_letter, decode_record, output_record, PipelineError, Stats};
+use super::{PipelineError, Stats};
 use crate::codec::Codec;
 use crate::config::{Config, Topics};
 use crate::core::{self, Disposition, EntityState, OperationState, Output, Policy, SourcePos};
-use crate::kafka::Record;
 use crate::metrics::{self, Metrics};
-use crate::operator::timeline::{self, Arrival};
+use crate::records::Record;
+use crate::records::{dead_letter, decode_record, output_record};
+use crate::store::timeline::{self, Arrival};
 use crate::store::{Batch, Encoded, Store};
 
 /// What a batch needs besides its records; borrowed from the pipeline.
 pub struct Applier<'a> {
+    /// The state store, read for the state the batch changes (the caller writes
+    /// the result).
     pub store: &'a Store,
+    /// The core's policy.
     pub policy: &'a Policy,
+    /// Decodes the input and encodes the outputs.
     pub codec: &'a Codec,
+    /// Where outputs and dead letters go.
     pub topics: &'a Topics,
+    /// Records larger than this are dead-lettered
+    /// ([`crate::config::Consumer::max_record_bytes`]).
     pub max_record_bytes: usize,
+    /// Counted per record and per output.
     pub metrics: &'a Metrics,
     /// Most threads applying one batch (see [`crate::config::Consumer::apply_lanes`]).
     pub lanes: usize,
@@ -233,11 +242,11 @@ impl<'a> Applier<'a> {
             next.insert(r.partition, r.offset + 1);
             applied.touched.insert(r.partition, r.offset + 1);
             stats.records += 1;
-            crate::faults::point("pipeline::mid_batch");
-            let silent = crate::restore::silent(restore_until, r.partition, r.offset);
+            crate::pipeline::faults::point("pipeline::mid_batch");
+            let silent = crate::pipeline::restore::silent(restore_until, r.partition, r.offset);
             if silent {
                 stats.restored += 1;
-                crate::faults::point("pipeline::restoring");
+                crate::pipeline::faults::point("pipeline::restoring");
             }
             let ev = match decode_record(self.codec, self.max_record_bytes, r) {
                 Ok(ev) => ev,
@@ -312,75 +321,29 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::loadgen::{to_outbox, Generator, MemoryTopic, Options};
-    use crate::store::tests::temp;
-    use crate::store::OutboxRecord;
 
-    /// Outputs by key, in order; the stored state (family, key, value); the counts.
-    type Run = (BTreeMap<Vec<u8>, Vec<OutboxRecord>>, Vec<(String, Vec<u8>, Vec<u8>)>, String);
-
-    /// A fault-injected loadgen stream over six partitions by key, in
-    /// batches of 2,000 records, applied on `lanes` lanes into a new
-    /// store: the outputs of each key in order, the state as stored, and
-    /// the counts.
-    fn run(lanes: usize) -> Run {
-        let dir = temp(&format!("apply-lanes-{lanes}"));
-        let store = Store::open(&dir.0, "t.events", false).unwrap();
-        let cfg = Config::default();
-        let (policy, codec) = (cfg.policy(), Codec::new());
-        let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
-        let applier = Applier { lanes, ..Applier::new(&cfg, &store, &policy, &codec, &metrics) };
-        let mut topic = MemoryTopic::new(6);
-        let records: Vec<Record> = Generator::new(Options::preload(3_000, 11, 1_700_000_000_000))
-            .map(|p| topic.append(to_outbox(&codec, &cfg.topics.events, &p.record).unwrap()))
-            .collect();
-        let (mut next, mut stats) = ((0..6).map(|p| (p, 0)).collect(), Stats::default());
-        let mut by_key: BTreeMap<Vec<u8>, Vec<OutboxRecord>> = BTreeMap::new();
-        for chunk in records.chunks(2_000) {
-            let applied = applier.apply(chunk, &mut next, &BTreeMap::new(), &mut stats).unwrap();
-            store.write_encoded(&applied.batch).unwrap();
-            for o in applied.batch.into_outbox() {
-                by_key.entry(o.key.clone().unwrap_or_default()).or_default().push(o);
-            }
-        }
-        let mut state = Vec::new();
-        store.scan_state(|family, k, v| state.push((family.to_owned(), k.to_vec(), v.to_vec()))).unwrap();
-        let counts = format!(
-            "{} {:?} {:?} {} {}",
-            stats.records, stats.by_disposition, stats.dead_letters, stats.verdicts, stats.anomalies
-        );
-        assert_eq!(next.values().sum::<i64>(), records.len() as i64, "every record applied once");
-        (by_key, state, counts)
-    }
-
+    /// Six partitions of equal size over two lanes: three each. (That
+    /// lanes give the result of one thread is tests/offline/lanes.rs.)
     #[test]
-    fn lanes_give_the_state_and_the_outputs_of_one_thread() {
-        let (outputs, state, counts) = run(1);
-        let (outputs2, state2, counts2) = run(2);
-        assert!(outputs.values().map(Vec::len).sum::<usize>() > 1_000, "the workload produces outputs");
-        assert_eq!(counts, counts2);
-        assert!(state == state2, "the stored state differs");
-        assert!(outputs == outputs2, "the outputs of some key differ in content or order");
-        // Six partitions over two lanes, and more than one lane really ran.
-        let (lanes, lane_of) = plan_lanes(
-            &[0, 1, 2, 3, 4, 5]
-                .iter()
-                .flat_map(|&p| {
-                    (0..MIN_LANE_RECORDS as i64).map(move |o| Record {
-                        topic: String::new(),
-                        partition: p,
-                        offset: o,
-                        timestamp: None,
-                        key: None,
-                        value: None,
-                        headers: Vec::new(),
-                    })
+    fn partitions_are_spread_over_the_lanes_by_size() {
+        let records: Vec<Record> = [0, 1, 2, 3, 4, 5]
+            .iter()
+            .flat_map(|&p| {
+                (0..MIN_LANE_RECORDS as i64).map(move |o| Record {
+                    topic: String::new(),
+                    partition: p,
+                    offset: o,
+                    timestamp: None,
+                    key: None,
+                    value: None,
+                    headers: Vec::new(),
                 })
-                .collect::<Vec<_>>(),
-            &(0..6).map(|p| (p, 0)).collect(),
-            2,
-        );
+            })
+            .collect();
+        let (lanes, lane_of) = plan_lanes(&records, &(0..6).map(|p| (p, 0)).collect::<BTreeMap<_, _>>(), 2);
         assert_eq!(lanes, 2);
         assert_eq!(lane_of.values().filter(|&&l| l == 0).count(), 3, "three partitions a lane");
+        // Below the smallest lane's worth of records, one lane.
+        assert_eq!(plan_lanes(&records[..MIN_LANE_RECORDS], &(0..6).map(|p| (p, 0)).collect(), 2).0, 1);
     }
 }

@@ -1,64 +1,105 @@
 //! The run loop: consume a batch → decode → core (in lanes of whole
 //! partitions, on `[consumer] apply_threads` threads) → one atomic store
-//! write per lane (state, timers, offsets, outbox) → send the outbox → consume and apply
-//! the next batch while the broker acknowledges → forget the acknowledged
-//! outbox. At most one batch is in flight, and its outputs are acknowledged
-//! before the next batch's are sent, so outputs keep the input order. Plus the timer wheel that turns due deadlines into
-//! `DeadlineReached` events in the log. The batch's own work (decode,
-//! core, timeline) is in [`apply`].
+//! write per lane (state, timers, offsets, outbox) → send the outbox →
+//! consume and apply the next batch while the broker acknowledges → forget
+//! the acknowledged outbox. At most one batch is in flight, and its outputs
+//! are acknowledged before the next batch's are sent, so outputs keep the
+//! input order.
+//!
+//! The pipeline decides; the Kafka adapter reports facts. Where it is:
+//! - [`apply`]: a batch's own work (decode, core, timeline, metrics), no Kafka;
+//! - [`restore`]: what a moved partition restores silently, and the zombie fence;
+//! - `timers.rs`: the timer wheel, turning due deadlines into
+//!   `DeadlineReached` events in the log;
+//! - [`sampler`]: the state gauges, read from the store and the broker;
+//! - [`faults`]: the crash points of the reliability suites.
 
 mod apply;
+pub mod faults;
+pub mod restore;
+pub mod sampler;
+mod timers;
+
 pub use apply::{Applied, Applier};
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::codec::{validate_key, Codec, DecodeError, EncodeError};
-use crate::config::{Config, Topics};
-use crate::core::{Event, Output, Policy};
+use crate::clock::Clock;
+use crate::codec::{Codec, EncodeError};
+use crate::config::Config;
+use crate::core::Policy;
 use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::producer::{Publisher, Ticket};
-use crate::kafka::{admin, KafkaError, Record};
-use crate::metrics::{self, Metrics, Readiness};
-use crate::store::{OutboxRecord, Store, StoreError};
+use crate::kafka::watermarks::Watermarks;
+use crate::kafka::{admin, KafkaError};
+use crate::metrics::{Metrics, Readiness};
+use crate::records::{OutboxRecord, Record, DLQ_HEADER_ROOM};
+use crate::store::{Store, StoreError};
 
 /// Why the pipeline stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
+    /// The broker or the client failed.
     #[error(transparent)]
     Kafka(#[from] KafkaError),
+    /// The state store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An output could not be encoded (a schema and the code disagree).
     #[error(transparent)]
     Encode(#[from] EncodeError),
-}
-
-/// Wall-clock milliseconds; injected so tests can move time.
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
-
-/// The system clock.
-pub fn system_clock() -> Clock {
-    Arc::new(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64))
+    /// The state directory could not be created.
+    #[error("creating the state directory {dir}: {source}")]
+    StateDir {
+        /// The directory.
+        dir: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Publishing kept failing with an error no retry cures (no permission,
+    /// no such topic, a record the broker refuses) for `[consumer]
+    /// give_up_after_ms`: the instance stops instead of retrying forever.
+    #[error("publishing outputs failed for {seconds} s with an error that retrying does not cure: {source}")]
+    PublishRefused {
+        /// How long it kept trying.
+        seconds: u64,
+        /// The last error.
+        #[source]
+        source: KafkaError,
+    },
+    /// A thread of the pipeline panicked.
+    #[error("the {0} thread panicked")]
+    ThreadPanicked(&'static str),
 }
 
 /// Counts of what the pipeline did, for logs and the demo.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
+    /// Input records taken in.
     pub records: u64,
+    /// Decoded events by how the core accounted for them.
     pub by_disposition: BTreeMap<&'static str, u64>,
+    /// Dead letters by error class.
     pub dead_letters: BTreeMap<&'static str, u64>,
+    /// Verdicts issued.
     pub verdicts: u64,
+    /// Anomalies issued.
     pub anomalies: u64,
+    /// Repair commands issued.
     pub commands: u64,
+    /// `DeadlineReached` events written.
     pub timers_fired: u64,
+    /// Batches committed.
     pub batches: u64,
     /// Records applied without publishing while restoring a partition.
     pub restored: u64,
-    /// Batches dropped by the zombie fence (see [`crate::restore`]).
+    /// Batches dropped by the zombie fence (see [`crate::pipeline::restore`]).
     pub fenced: u64,
 }
 
@@ -103,18 +144,17 @@ pub struct Pipeline {
     consumer: GroupConsumer,
     publisher: Arc<Publisher>,
     clock: Clock,
-    fence: crate::restore::Fence,
-    /// Timers published but not yet consumed back: (operation, due time).
-    fired: HashSet<(String, i64)>,
-    /// Per owned partition: the high watermark at assignment until the
-    /// partition has consumed past it (`None` once it has). Timers wait for
-    /// that: below the mark lie the deadline events a previous owner (or a
-    /// previous run) already wrote. Past it the partition stays caught up
-    /// whatever new traffic arrives.
-    catch_up: BTreeMap<i32, Option<i64>>,
+    fence: restore::Fence,
+    /// Per partition restoring its state: records below the offset are
+    /// applied without publishing (see [`restore`]).
+    restore_until: BTreeMap<i32, i64>,
+    timers: timers::TimerWheel,
+    /// Watermark queries (catch-up of the timer wheel, lag gauges).
+    watermarks: Arc<Watermarks>,
     /// Outputs are counted but neither stored nor published (`replay`
     /// without scratch topics).
     discard_outputs: bool,
+    /// What the pipeline did so far.
     pub stats: Stats,
     metrics: Arc<Metrics>,
     /// The last batch: stored, its outputs sent but not yet acknowledged.
@@ -150,82 +190,12 @@ struct InFlight {
 }
 
 /// How a batch's outputs went out.
-#[derive(Clone, Copy)]
 enum Sent {
     /// No outputs, or outputs discarded (replay).
     Nothing,
     Ticket(Ticket),
     /// Sending failed: publish again before anything else.
     Failed,
-}
-
-/// Room for the provenance headers on top of the largest accepted record.
-pub const DLQ_HEADER_ROOM: usize = 64 * 1024;
-
-/// How much of an oversize record's value its dead letter keeps.
-pub const OVERSIZE_KEPT_BYTES: usize = 64 * 1024;
-
-/// Adds the provenance headers of SPEC §8 to a dead letter.
-///
-/// Byte-identical, except for records over the size limit: no producer
-/// could publish those whole, so their dead letter keeps the key, the
-/// headers and the first 64 KiB of the value, with
-/// `reconciler.value.truncated` giving the original length.
-pub fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
-    let mut headers = r.headers.clone();
-    let mut value = r.value.clone();
-    if let (DecodeError::Oversize { .. }, Some(v)) = (err, value.as_mut()) {
-        if v.len() > OVERSIZE_KEPT_BYTES {
-            headers.push(("reconciler.value.truncated".to_owned(), Some(v.len().to_string().into_bytes())));
-            v.truncate(OVERSIZE_KEPT_BYTES);
-        }
-    }
-    let mut add = |k: &str, v: String| headers.push((k.to_owned(), Some(v.into_bytes())));
-    add("reconciler.error.class", err.class().to_owned());
-    add("reconciler.error.message", err.to_string());
-    add("reconciler.source.topic", r.topic.clone());
-    add("reconciler.source.partition", r.partition.to_string());
-    add("reconciler.source.offset", r.offset.to_string());
-    add("reconciler.source.timestamp", r.timestamp.map_or_else(String::new, |t| t.to_string()));
-    OutboxRecord { topic: topic.to_owned(), key: r.key.clone(), value, headers }
-}
-
-/// An input record as the core sees it, or why it goes to the dead letters.
-pub fn decode_record(codec: &Codec, max_record_bytes: usize, r: &Record) -> Result<Event, DecodeError> {
-    let size = r.size();
-    if size > max_record_bytes {
-        return Err(DecodeError::Oversize { size, limit: max_record_bytes });
-    }
-    let value = r.value.as_deref().ok_or(DecodeError::NullValue)?;
-    let ev = codec.decode_event(value)?;
-    validate_key(r.key.as_deref(), &ev)?;
-    Ok(ev)
-}
-
-/// An event as it goes to the input topic `topic`: keyed by its entity
-/// (timer firings, manual decisions and generated workloads all use it).
-pub fn event_record(codec: &Codec, topic: &str, ev: &Event) -> Result<OutboxRecord, EncodeError> {
-    Ok(OutboxRecord {
-        topic: topic.to_owned(),
-        key: Some(ev.entity_id.as_bytes().to_vec()),
-        value: Some(codec.encode_event(ev)?),
-        headers: Vec::new(),
-    })
-}
-
-/// An output of the core as it is published.
-pub fn output_record(codec: &Codec, t: &Topics, o: &Output) -> Result<OutboxRecord, EncodeError> {
-    let (topic, value) = match o {
-        Output::Verdict(v) => (&t.verdicts, codec.encode_verdict(v)?),
-        Output::Anomaly(a) => (&t.anomalies, codec.encode_anomaly(a)?),
-        Output::Command(c) => (&t.commands, codec.encode_command(c)?),
-    };
-    Ok(OutboxRecord {
-        topic: topic.clone(),
-        key: Some(o.entity_id().as_bytes().to_vec()),
-        value: Some(value),
-        headers: Vec::new(),
-    })
 }
 
 impl Pipeline {
@@ -251,14 +221,19 @@ impl Pipeline {
         let t = &cfg.topics;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         std::fs::create_dir_all(&cfg.state_dir)
-            .map_err(|e| KafkaError::Other(format!("creating {}: {e}", cfg.state_dir.display())))?;
+            .map_err(|source| PipelineError::StateDir { dir: cfg.state_dir.display().to_string(), source })?;
         let store = Arc::new(match replay {
             None => Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?,
             Some(_) => Store::open_for_rebuild(&cfg.state_dir, &t.events, &cfg.store)?,
         });
         let publisher = Arc::new(Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?);
-        let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, store.clone())?;
-        let fence = crate::restore::Fence::new(&cfg.kafka);
+        // Each partition starts where its state says (the offsets live
+        // beside the state, written in the same batch).
+        let offsets = store.clone();
+        let start = Box::new(move |p| offsets.next_offset(p).map_err(|e| e.to_string()));
+        let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
+        let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
+        let fence = restore::Fence::new(&cfg.kafka);
         let metrics = Arc::new(Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types));
         Ok(Pipeline {
             metrics,
@@ -270,8 +245,9 @@ impl Pipeline {
             publisher,
             fence,
             clock,
-            fired: HashSet::new(),
-            catch_up: BTreeMap::new(),
+            restore_until: BTreeMap::new(),
+            timers: timers::TimerWheel::default(),
+            watermarks,
             discard_outputs: replay == Some(true),
             stats: Stats::default(),
             in_flight: Arc::new(Mutex::new(None)),
@@ -290,8 +266,9 @@ impl Pipeline {
 
     /// Runs until `shutdown` is set; the batch in hand is finished first.
     pub fn run(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        let source = metrics::sampler::Source::new(&self.cfg, &self.store, &self.consumer.assignment, &self.clock);
-        let _sampler = metrics::Sampler::start(self.metrics.clone(), source);
+        let source =
+            sampler::Source::new(&self.cfg, &self.store, &self.consumer.assignment, &self.clock, &self.watermarks);
+        let _sampler = sampler::Sampler::start(self.metrics.clone(), source);
         self.install_revoke_hook();
         self.republish_outbox(shutdown)?;
         let wait = Duration::from_millis(self.cfg.consumer.batch_wait_ms);
@@ -304,6 +281,7 @@ impl Pipeline {
         while !shutdown.load(Ordering::SeqCst) {
             let this_poll = Instant::now();
             let (records, revoked) = self.consumer.poll_batch(self.cfg.consumer.batch_size, wait)?;
+            self.observe_assignment();
             if records.is_empty() || revoked {
                 // Nothing to overlap with, or partitions moving: finish
                 // the batch in flight now (a new owner reads the group
@@ -327,6 +305,32 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Takes in what the consumer reported since the last poll: a newly
+    /// assigned partition restores silently up to the group's committed
+    /// offset when that is ahead of its own (see [`restore`]) and must catch
+    /// up before its timers fire; a partition no longer owned is forgotten.
+    fn observe_assignment(&mut self) {
+        let (assigned, owned) = {
+            let mut a = self.consumer.assignment.lock().expect("not poisoned");
+            (std::mem::take(&mut a.assigned), a.owned.keys().copied().collect::<Vec<_>>())
+        };
+        self.restore_until.retain(|p, _| owned.contains(p));
+        self.timers.retain(&owned);
+        for (p, facts) in assigned {
+            self.timers.assigned(p);
+            match restore::target(facts.start, facts.committed) {
+                Some(until) => {
+                    self.restore_until.insert(p, until);
+                    info!(partition = p, next_offset = ?facts.start, restore_until = until, "Partition assigned; restoring its state from the log without publishing");
+                }
+                None => {
+                    self.restore_until.remove(&p);
+                    info!(partition = p, next_offset = ?facts.start, "Partition assigned; resuming from the stored offset");
+                }
+            }
+        }
+    }
+
     /// Outputs of a previous run that were stored but maybe not acknowledged.
     fn republish_outbox(&self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let pending = self.store.pending_outbox()?;
@@ -336,47 +340,63 @@ impl Pipeline {
         info!(records = pending.len(), "Re-publishing the outbox of the previous run");
         let (first, last) = (pending[0].0, pending[pending.len() - 1].0);
         self.publish_with_retry(pending.iter().map(|(_, r)| r).collect(), shutdown)?;
-        crate::faults::point("pipeline::after_republish");
+        faults::point("pipeline::after_republish");
         self.store.ack_outbox(first..last + 1)?;
         self.metrics.outbox_republished(pending.len());
         Ok(())
     }
 
     /// Publishes until acknowledged; waits out broker outages rather than
-    /// moving on (order and completeness matter more than progress).
+    /// moving on (order and completeness matter more than progress). An
+    /// error no retry cures (see [`KafkaError::retriable`]) turns readiness
+    /// red at once, and after `[consumer] give_up_after_ms` of nothing else
+    /// stops the pipeline, so the process exits non-zero instead of
+    /// retrying forever.
     fn publish_with_retry(&self, records: Vec<&OutboxRecord>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let mut backoff = Duration::from_millis(100);
+        let give_up_after = Duration::from_millis(self.cfg.consumer.give_up_after_ms);
+        let mut refused_since: Option<Instant> = None;
         loop {
             match self.publisher.publish_all(records.iter().map(|r| (*r, None))) {
-                Ok(_) => return Ok(()),
-                Err(e) if !shutdown.load(Ordering::SeqCst) => {
+                Ok(_) => {
+                    self.metrics.set_publish_refused(None);
+                    return Ok(());
+                }
+                Err(e) if shutdown.load(Ordering::SeqCst) => return Err(e.into()),
+                Err(e) if !e.retriable() => {
+                    let since = *refused_since.get_or_insert_with(Instant::now);
+                    self.metrics.set_publish_refused(Some(e.to_string()));
+                    if since.elapsed() >= give_up_after {
+                        error!(error = %e, seconds = since.elapsed().as_secs(), "Publishing outputs keeps failing with an error retrying does not cure; stopping");
+                        return Err(PipelineError::PublishRefused { seconds: since.elapsed().as_secs(), source: e });
+                    }
+                    self.metrics.publish_retry();
+                    error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "Publishing outputs refused: this needs a person (permissions, topics, record size); retrying until give_up_after_ms");
+                }
+                Err(e) => {
+                    refused_since = None;
+                    self.metrics.set_publish_refused(None);
                     self.metrics.publish_retry();
                     warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "Publishing outputs failed; retrying");
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
-                Err(e) => return Err(e.into()),
             }
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
     /// Applies one batch and makes it durable and published.
     fn process(&mut self, records: Vec<Record>, alive_at: Instant, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let started = Instant::now();
-        let (mut next, restore_until) = {
-            let a = self.consumer.assignment.lock().expect("not poisoned");
-            (a.owned.clone(), a.restore_until.clone())
-        };
+        let mut next = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
         let stored = next.clone();
         let applier = Applier {
             discard_outputs: self.discard_outputs,
             ..Applier::new(&self.cfg, &self.store, &self.policy, &self.codec, &self.metrics)
         };
         let Applied { batch, touched, deadlines } =
-            applier.apply(&records, &mut next, &restore_until, &mut self.stats)?;
-        for d in deadlines {
-            self.fired.remove(&d);
-        }
+            applier.apply(&records, &mut next, &self.restore_until, &mut self.stats)?;
+        self.timers.consumed(deadlines);
         if touched.is_empty() {
             return Ok(());
         }
@@ -390,7 +410,7 @@ impl Pipeline {
         }
         let applied = started.elapsed();
         let seqs = self.store.write_encoded(&batch)?;
-        crate::faults::point("pipeline::after_store");
+        faults::point("pipeline::after_store");
         let stored = started.elapsed();
         {
             // Applied and durable: the next batch starts past these offsets.
@@ -400,8 +420,8 @@ impl Pipeline {
                     *slot = (*slot).max(*n);
                 }
             }
-            crate::restore::advance(&mut a.restore_until, &touched);
         }
+        restore::advance(&mut self.restore_until, &touched);
         // The previous batch's outputs were being acknowledged while this
         // one was applied; they go first, so outputs keep the input order.
         self.finish_in_flight(shutdown)?;
@@ -444,7 +464,7 @@ impl Pipeline {
             self.metrics.publish_retry();
             self.publish_with_retry(f.outbox.iter().collect(), shutdown)?;
         }
-        crate::faults::point("pipeline::after_publish");
+        faults::point("pipeline::after_publish");
         self.store.ack_outbox(f.seqs)?;
         self.consumer.commit_for_visibility(&f.touched);
         Ok(())
@@ -475,57 +495,26 @@ impl Pipeline {
         }));
     }
 
-    /// Whether partition `p` (next offset `next`) has consumed everything
-    /// that was in it when it was assigned.
-    fn caught_up(&mut self, p: i32, next: i64) -> bool {
-        let target = match self.catch_up.get(&p) {
-            Some(None) => return true,
-            Some(Some(t)) => *t,
-            None => match self.consumer.high_watermark(p) {
-                Ok(high) if high >= 0 => high,
-                _ => return false,
-            },
-        };
-        // Past the target, or only transaction markers left before it.
-        let done = next >= target || self.consumer.position(p).is_some_and(|pos| pos >= target);
-        self.catch_up.insert(p, if done { None } else { Some(target) });
-        done
-    }
-
-    /// Publishes `DeadlineReached` for due timers of owned, caught-up
-    /// partitions. A partition still catching up (replay) fires nothing: its
-    /// deadline events may still be ahead in the log.
+    /// Publishes `DeadlineReached` for the due timers of owned, caught-up
+    /// partitions (see [`timers`]), and sets readiness.
     fn fire_timers(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let now = (self.clock)();
         let (owned, received) = {
-            let mut a = self.consumer.assignment.lock().expect("not poisoned");
-            for p in std::mem::take(&mut a.assigned) {
-                self.catch_up.remove(&p);
-            }
+            let a = self.consumer.assignment.lock().expect("not poisoned");
             (a.owned.clone(), a.received)
         };
-        self.catch_up.retain(|p, _| owned.contains_key(p));
-        let mut events = Vec::new();
-        let mut readiness = Readiness { assigned: received, partitions: owned.len(), ..Readiness::default() };
-        for (p, next) in owned {
-            if !self.caught_up(p, next) {
-                continue;
-            }
-            readiness.restored += 1;
-            for t in self.store.due_timers(p, now, 10_000)? {
-                if self.fired.contains(&(t.operation_id.clone(), t.at)) {
-                    continue;
-                }
-                let ev = Event::deadline_reached(&t.operation_id, &t.entity_id, &t.operation_type, t.at);
-                let rec = event_record(&self.codec, &self.cfg.topics.events, &ev)?;
-                debug!(operation_id = %t.operation_id, entity_id = %t.entity_id, due = t.at, "Timer due");
-                events.push((rec, p, (t.operation_id, t.at)));
-            }
-        }
+        let topic = &self.cfg.topics.events;
+        let marks = timers::Marks { consumer: &self.consumer, watermarks: &self.watermarks, topic };
+        let (due, caught_up) = self.timers.due(&self.store, &self.codec, &marks, &owned, now)?;
         // The outbox was re-published before the loop began.
-        readiness.ready = received && readiness.restored == readiness.partitions;
-        self.metrics.set_readiness(readiness);
-        if events.is_empty() {
+        self.metrics.set_readiness(Readiness {
+            assigned: received,
+            partitions: owned.len(),
+            restored: caught_up,
+            ready: received && caught_up == owned.len(),
+            ..Readiness::default()
+        });
+        if due.is_empty() {
             return Ok(());
         }
         // A failed publish purges the producer: nothing else may be in
@@ -533,13 +522,13 @@ impl Pipeline {
         self.finish_in_flight(shutdown)?;
         // To the operation's own partition, whatever the key would hash to:
         // the timer must be judged by the owner of the operation's state.
-        self.publisher.publish_all(events.iter().map(|(r, p, _)| (r, Some(*p))))?;
-        crate::faults::point("pipeline::timer_fired");
+        self.publisher.publish_all(due.iter().map(|d| (&d.record, Some(d.partition))))?;
+        faults::point("pipeline::timer_fired");
         // Only once acknowledged: a failed firing is retried next tick.
-        self.fired.extend(events.iter().map(|(_, _, k)| k.clone()));
-        self.stats.timers_fired += events.len() as u64;
-        self.metrics.timers_fired(events.len());
-        debug!(count = events.len(), "Timers fired");
+        self.stats.timers_fired += due.len() as u64;
+        self.metrics.timers_fired(due.len());
+        debug!(count = due.len(), "Timers fired");
+        self.timers.fired(due);
         Ok(())
     }
 }

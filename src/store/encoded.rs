@@ -80,8 +80,12 @@ pub(super) struct StoredOp {
 /// state so that a scan decodes only this (no event ids, no held events).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpSummary {
+    /// Its type (the gauges' label).
     pub operation_type: String,
+    /// Where it stands in the state machine.
     pub status: Status,
+    /// Event time of its `Requested`, once that arrived (age of the oldest
+    /// unconfirmed operation).
     pub requested_at: Option<i64>,
     /// When it entered manual review (else its last event time).
     pub review_since: i64,
@@ -221,7 +225,7 @@ impl Batch {
             part.put(Family::Timers, &key, t);
         }
         for (p, next) in &self.offsets {
-            part.put_bytes(Family::Offsets, &keys::partition_prefix(*p), &next.to_be_bytes());
+            part.put_bytes(Family::Offsets, &keys::partition_prefix(*p), &keys::offset(*next));
         }
         Encoded { parts: vec![part] }
     }

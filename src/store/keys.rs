@@ -60,6 +60,42 @@ pub(crate) fn partition_prefix(partition: i32) -> [u8; 4] {
     (partition as u32).to_be_bytes()
 }
 
+/// `seq`: an outbox entry, in the order batches were written.
+pub(crate) fn outbox(seq: u64) -> [u8; 8] {
+    seq.to_be_bytes()
+}
+
+/// A key or value of a fixed size, or `None` when the bytes are not that
+/// long (a store written by something else, or damaged).
+fn fixed<const N: usize>(bytes: &[u8]) -> Option<[u8; N]> {
+    bytes.get(..N)?.try_into().ok()
+}
+
+/// The partition a partition-scoped key belongs to.
+pub(crate) fn partition_of(key: &[u8]) -> Option<i32> {
+    fixed::<4>(key).map(|b| u32::from_be_bytes(b) as i32)
+}
+
+/// The sequence number of an outbox key.
+pub(crate) fn outbox_seq(key: &[u8]) -> Option<u64> {
+    fixed::<8>(key).map(u64::from_be_bytes)
+}
+
+/// A stored offset (next offset to apply).
+pub(crate) fn offset(value: i64) -> [u8; 8] {
+    value.to_be_bytes()
+}
+
+/// A stored offset, read back.
+pub(crate) fn offset_of(value: &[u8]) -> Option<i64> {
+    fixed::<8>(value).map(i64::from_be_bytes)
+}
+
+/// The store format marker, read back.
+pub(crate) fn format_of(value: &[u8]) -> Option<u32> {
+    fixed::<4>(value).map(u32::from_be_bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +107,18 @@ mod tests {
         assert_eq!(keys, vec![timer(0, -3, "c"), timer(0, 7, "d"), timer(0, 100, "b"), timer(1, 5, "a")]);
         assert!(timer(0, 7, "zzz") < timer_upper(0, 7));
         assert!(timer(0, 8, "") >= timer_upper(0, 7));
+    }
+
+    #[test]
+    fn fixed_size_parts_read_back_and_short_ones_are_refused() {
+        assert_eq!(partition_of(&scoped(7, "op")), Some(7));
+        assert_eq!(outbox_seq(&outbox(u64::MAX - 1)), Some(u64::MAX - 1));
+        assert_eq!(offset_of(&offset(-3)), Some(-3));
+        assert_eq!(format_of(&3u32.to_be_bytes()), Some(3));
+        assert_eq!(
+            (partition_of(b"abc"), outbox_seq(b"1234567"), offset_of(b""), format_of(b"x")),
+            (None, None, None, None)
+        );
     }
 
     #[test]

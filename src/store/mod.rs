@@ -20,42 +20,19 @@ pub use timeline::{Timeline, TimelineEntry};
 use serde::{Deserialize, Serialize};
 
 use crate::core::{EntityState, OperationState};
-
-/// RocksDB memory budget (`[store]` in the config). Index and filter
-/// blocks live in the block cache, and memtables share one budget, so the
-/// store's memory is bounded by these two numbers whatever it holds on disk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Tuning {
-    /// Block cache (data, index and filter blocks), in MiB. Measured: with
-    /// 64 MiB and 1M operations stored the pipeline spent 25.9 CPU s per 1M
-    /// records (index and filter blocks evicted), with 1 GiB 14.5 (BENCHMARKS.md).
-    pub block_cache_mb: usize,
-    /// All memtables of all column families together, in MiB.
-    pub write_buffer_mb: usize,
-}
-
-impl Default for Tuning {
-    fn default() -> Self {
-        Tuning { block_cache_mb: 512, write_buffer_mb: 64 }
-    }
-}
-
-/// A record to publish, exactly as it will go to the broker.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutboxRecord {
-    pub topic: String,
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-}
+use crate::records::OutboxRecord;
 
 /// A due timer of the index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimerEntry {
+    /// When it is due (event time, ms).
     pub at: i64,
+    /// The operation it wakes.
     pub operation_id: String,
+    /// The operation's entity: the key of the `DeadlineReached` event written
+    /// when the timer fires.
     pub entity_id: String,
+    /// The operation's type, carried into that event.
     pub operation_type: String,
 }
 
@@ -117,6 +94,8 @@ impl Batch {
         self.offsets.push((partition, next_offset));
     }
 
+    /// Adds an output to the outbox: stored with the batch, published once the
+    /// batch is written.
     pub fn publish(&mut self, record: OutboxRecord) {
         self.outbox.push(record);
     }

@@ -11,8 +11,10 @@ use serde::de::DeserializeOwned;
 use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, Write};
 use super::keys;
 use super::timeline::{Timeline, TimelineEntry};
-use super::{Batch, OutboxRecord, TimerEntry, Tuning};
+use super::{Batch, TimerEntry};
+use crate::config::StoreTuning;
 use crate::core::{EntityState, OperationState};
+use crate::records::OutboxRecord;
 
 const OPS: &str = "ops";
 const ENTITIES: &str = "entities";
@@ -26,20 +28,50 @@ const FAMILIES: [&str; 7] = [OPS, ENTITIES, TIMERS, OFFSETS, OUTBOX, META, TIMEL
 /// A store operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// RocksDB failed (IO, a lock held by another process, ...).
     #[error("RocksDB: {0}")]
     Rocks(#[from] rocksdb::Error),
-    #[error("corrupt {what} in the state store: {source}")]
-    Corrupt { what: &'static str, source: postcard::Error },
+    /// A value or key that does not decode: the store was damaged or
+    /// written by something else.
+    #[error("corrupt {what} in the state store: {reason}")]
+    Corrupt {
+        /// What was read.
+        what: &'static str,
+        /// Why it does not decode.
+        reason: String,
+    },
+    /// The directory holds the state of another input topic.
     #[error("state directory {dir} belongs to input topic {found:?}, not {expected:?}")]
-    WrongTopic { dir: String, found: String, expected: String },
+    WrongTopic {
+        /// The state directory.
+        dir: String,
+        /// The input topic its state was built from.
+        found: String,
+        /// The input topic configured now.
+        expected: String,
+    },
+    /// The directory is not a state store this version wrote.
     #[error(
         "state directory {dir} has no column family {family}: it was never opened by this version of `reconciler run`"
     )]
-    MissingFamily { dir: String, family: &'static str },
+    MissingFamily {
+        /// The state directory.
+        dir: String,
+        /// The column family missing.
+        family: &'static str,
+    },
+    /// The directory holds a store format this version does not read.
     #[error(
         "state directory {dir} holds store format {found}, this version reads format {expected}: rebuild it with `reconciler replay` into a new directory (or delete it to rebuild from the log)"
     )]
-    Format { dir: String, found: u32, expected: u32 },
+    Format {
+        /// The state directory.
+        dir: String,
+        /// The format it holds.
+        found: u32,
+        /// The format this version reads.
+        expected: u32,
+    },
 }
 
 /// The layout of the values in the store. 2: an operation's value carries
@@ -80,23 +112,28 @@ pub struct Store {
 }
 
 fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
-    postcard::from_bytes(bytes).map_err(|source| StoreError::Corrupt { what, source })
+    postcard::from_bytes(bytes).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() })
+}
+
+/// A fixed-size part read back (`part`), or the store is corrupt.
+fn short<T>(what: &'static str, part: Option<T>, bytes: &[u8]) -> Result<T, StoreError> {
+    part.ok_or_else(|| StoreError::Corrupt { what, reason: format!("{} bytes is too short", bytes.len()) })
 }
 
 /// Decodes a `T` from the start of `bytes`, ignoring the rest.
 fn decode_prefix<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
-    postcard::take_from_bytes(bytes).map(|(v, _)| v).map_err(|source| StoreError::Corrupt { what, source })
+    postcard::take_from_bytes(bytes).map(|(v, _)| v).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() })
 }
 
 impl Store {
     /// Opens (or creates) the store in `dir` for input topic `topic`, with
     /// the default memory budget.
     pub fn open(dir: &Path, topic: &str, sync: bool) -> Result<Store, StoreError> {
-        Store::open_with(dir, topic, sync, &Tuning::default())
+        Store::open_with(dir, topic, sync, &StoreTuning::default())
     }
 
     /// Opens (or creates) the store with the memory budget `tuning`.
-    pub fn open_with(dir: &Path, topic: &str, sync: bool, tuning: &Tuning) -> Result<Store, StoreError> {
+    pub fn open_with(dir: &Path, topic: &str, sync: bool, tuning: &StoreTuning) -> Result<Store, StoreError> {
         Store::open_logged(dir, topic, Logging::Wal { sync }, tuning)
     }
 
@@ -106,11 +143,11 @@ impl Store {
     /// the log), and its flushes are atomic, so a crash leaves the state
     /// of the last flush with the offsets that produced it. Call
     /// [`Store::flush`] when the rebuild is done.
-    pub fn open_for_rebuild(dir: &Path, topic: &str, tuning: &Tuning) -> Result<Store, StoreError> {
+    pub fn open_for_rebuild(dir: &Path, topic: &str, tuning: &StoreTuning) -> Result<Store, StoreError> {
         Store::open_logged(dir, topic, Logging::Rebuild, tuning)
     }
 
-    fn open_logged(dir: &Path, topic: &str, logging: Logging, tuning: &Tuning) -> Result<Store, StoreError> {
+    fn open_logged(dir: &Path, topic: &str, logging: Logging, tuning: &StoreTuning) -> Result<Store, StoreError> {
         let mut opts = Options::default();
         opts.set_atomic_flush(logging == Logging::Rebuild);
         opts.create_if_missing(true);
@@ -165,7 +202,10 @@ impl Store {
         }
         store.check_format(dir)?;
         let last = store.db.iterator_cf(store.cf(OUTBOX), IteratorMode::End).next().transpose()?;
-        let next = last.map_or(0, |(k, _)| u64::from_be_bytes(k[..8].try_into().expect("8-byte outbox keys")) + 1);
+        let next = match last {
+            Some((k, _)) => short("outbox key", keys::outbox_seq(&k), &k)? + 1,
+            None => 0,
+        };
         store.next_outbox_seq.store(next, Ordering::SeqCst);
         Ok(store)
     }
@@ -215,7 +255,7 @@ impl Store {
     /// An error unless the store is of [`FORMAT`] (or has applied nothing).
     fn format_matches(&self, dir: &Path) -> Result<(), StoreError> {
         let found = match self.db.get_cf(self.cf(META), b"format")? {
-            Some(v) => u32::from_be_bytes(v[..4].try_into().expect("4-byte format")),
+            Some(v) => short("format marker", keys::format_of(&v), &v)?,
             // Before the marker: format 1, unless nothing was ever applied.
             None if self.partitions()?.is_empty() => FORMAT,
             None => 1,
@@ -236,6 +276,7 @@ impl Store {
         self.db.cf_handle(name).expect("column families are created at open")
     }
 
+    /// An operation's state, if `partition` holds it.
     pub fn get_op(&self, partition: i32, operation_id: &str) -> Result<Option<OperationState>, StoreError> {
         Ok(self.load_op(partition, operation_id)?.0)
     }
@@ -251,6 +292,7 @@ impl Store {
         Ok(stored.map_or((None, 0), |s| (Some(s.state), s.timeline_total)))
     }
 
+    /// An entity's facts in `partition` (empty when it has none).
     pub fn get_entity(&self, partition: i32, entity_id: &str) -> Result<EntityState, StoreError> {
         Ok(self
             .db
@@ -262,10 +304,10 @@ impl Store {
 
     /// The next offset to consume in `partition`, if any was applied.
     pub fn next_offset(&self, partition: i32) -> Result<Option<i64>, StoreError> {
-        Ok(self
-            .db
+        self.db
             .get_cf(self.cf(OFFSETS), keys::partition_prefix(partition))?
-            .map(|b| i64::from_be_bytes(b[..8].try_into().expect("8-byte offsets"))))
+            .map(|b| short("offset", keys::offset_of(&b), &b))
+            .transpose()
     }
 
     /// Timers of `partition` due at or before `now`, earliest first.
@@ -381,7 +423,7 @@ impl Store {
         let mut out = Vec::new();
         for item in self.db.iterator_cf(self.cf(OFFSETS), IteratorMode::Start) {
             let (k, _) = item?;
-            out.push(u32::from_be_bytes(k[..4].try_into().expect("4-byte partition keys")) as i32);
+            out.push(short("offset key", keys::partition_of(&k), &k)?);
         }
         Ok(out)
     }
@@ -426,7 +468,7 @@ impl Store {
         let mut out = Vec::new();
         for item in self.db.iterator_cf(self.cf(OUTBOX), IteratorMode::Start) {
             let (k, v) = item?;
-            let seq = u64::from_be_bytes(k[..8].try_into().expect("8-byte outbox keys"));
+            let seq = short("outbox key", keys::outbox_seq(&k), &k)?;
             let records: Vec<OutboxRecord> = decode("outbox batch", &v)?;
             out.extend(records.into_iter().map(|r| (seq, r)));
         }
@@ -495,7 +537,7 @@ impl Store {
         // than one per output.
         if let Some(seq) = seq {
             let value = postcard::to_allocvec(&part.outbox).expect("outputs serialize");
-            wb.put_cf(self.cf(OUTBOX), seq.to_be_bytes(), value);
+            wb.put_cf(self.cf(OUTBOX), keys::outbox(seq), value);
         }
         self.write(wb)
     }
@@ -506,7 +548,7 @@ impl Store {
             return Ok(());
         }
         let mut wb = WriteBatch::default();
-        wb.delete_range_cf(self.cf(OUTBOX), seqs.start.to_be_bytes(), seqs.end.to_be_bytes());
+        wb.delete_range_cf(self.cf(OUTBOX), keys::outbox(seqs.start), keys::outbox(seqs.end));
         self.write(wb)
     }
 

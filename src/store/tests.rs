@@ -155,3 +155,19 @@ fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
     let t = store.timeline(0, "op-1").unwrap();
     assert_eq!(t.entries.iter().map(|e| e.ordinal).collect::<Vec<_>>(), vec![3 + timeline::TIMELINE_CAP]);
 }
+
+/// A value of the wrong size (a damaged store, or one written by something
+/// else) is a typed error naming what was read, never a panic.
+#[test]
+fn values_of_the_wrong_size_are_corrupt_not_a_panic() {
+    let dir = temp("store-corrupt");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    store.db.put_cf(store.cf("offsets"), keys::partition_prefix(2), b"abc").unwrap();
+    let err = store.next_offset(2).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { what: "offset", .. }), "{err}");
+    assert!(err.to_string().contains("3 bytes is too short"), "{err}");
+    store.db.put_cf(store.cf("offsets"), b"ab", keys::offset(1)).unwrap();
+    assert!(matches!(store.partitions().unwrap_err(), StoreError::Corrupt { what: "offset key", .. }));
+    store.db.put_cf(store.cf("ops"), keys::scoped(2, "op-1"), b"\xff\xff").unwrap();
+    assert!(matches!(store.load_op(2, "op-1").unwrap_err(), StoreError::Corrupt { what: "operation", .. }));
+}

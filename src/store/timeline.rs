@@ -7,11 +7,22 @@
 //! a ring (slot = ordinal mod cap), and the head records how many arrived in
 //! all, so `explain` can say how many early entries were overwritten. An
 //! operation that leaves retention takes its timeline with it.
+//!
+//! Recording it is on the hot path: the pipeline takes an [`Arrival`] of
+//! each event before the core consumes it and hands it back with the
+//! disposition and outputs ([`record`]); the entry goes into the batch
+//! written with the state. Cost per batch: one small put per record; how
+//! many entries an operation has received is kept beside its state (no
+//! read of its own).
+
+use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use super::Batch;
+use crate::core::event::{Body, Event, SourcePos};
 use crate::core::output::ManualDecisionRecord;
-use crate::core::{Action, AnomalyKind, Disposition, Outcome, Status};
+use crate::core::{Action, AnomalyKind, Disposition, Outcome, Output, Policy, Status, Supersede};
 
 /// Most entries kept per operation. Real operations have a handful of
 /// events; the cap only bites for a producer looping on one operation, and
@@ -22,8 +33,11 @@ pub const TIMELINE_CAP: u64 = 256;
 /// event, e.g. a held one given up by SEQ_GAP).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AnomalyNote {
+    /// What was detected.
     pub kind: AnomalyKind,
+    /// The event flagged.
     pub event_id: String,
+    /// One human sentence.
     pub detail: String,
 }
 
@@ -31,11 +45,17 @@ pub struct AnomalyNote {
 /// an event released from the reorder buffer by this record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerdictNote {
+    /// The verdict's deterministic id.
     pub verdict_id: String,
+    /// Its outcome.
     pub outcome: Outcome,
+    /// The action it recommends.
     pub action: Action,
+    /// The operation's state, as the verdict reports it.
     pub state: Status,
+    /// One human sentence.
     pub reason: String,
+    /// The event that decided it.
     pub trigger_event_id: String,
 }
 
@@ -44,19 +64,29 @@ pub struct VerdictNote {
 pub struct TimelineEntry {
     /// Arrival order within the operation, from 0.
     pub ordinal: u64,
+    /// Input partition of the record.
     pub partition: i32,
+    /// Its offset there.
     pub offset: i64,
+    /// The event's id.
     pub event_id: String,
+    /// Its revision of the operation record; `None` for an observation from
+    /// outside it (SPEC §4).
     pub seq: Option<i64>,
     /// The body's union branch (`Requested`, `Started`, ...).
     pub body: String,
+    /// Event time.
     pub occurred_at: i64,
+    /// The service that emitted it.
     pub producer: String,
+    /// How the core accounted for it (applied, duplicate, held, ...).
     pub disposition: Disposition,
     /// The body's structured fields in one line; free text (details,
     /// evidence references) is left out, as it may carry personal data.
     pub summary: String,
+    /// Anomalies raised while it was processed.
     pub anomalies: Vec<AnomalyNote>,
+    /// Verdicts issued while it was processed.
     pub verdicts: Vec<VerdictNote>,
     /// For a `ManualDecision`: who decided what, with the (redacted) note.
     pub manual: Option<ManualDecisionRecord>,
@@ -66,7 +96,9 @@ pub struct TimelineEntry {
 /// number of entries that ever arrived.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeline {
+    /// Entries that ever arrived, retained or overwritten.
     pub total: u64,
+    /// The retained entries, in arrival order.
     pub entries: Vec<TimelineEntry>,
 }
 
@@ -75,4 +107,232 @@ impl Timeline {
     pub fn dropped(&self) -> u64 {
         self.total - self.entries.len() as u64
     }
+}
+
+/// What the timeline keeps of an event, taken before `core::apply`
+/// consumes it: already serialized, in one buffer (one allocation per
+/// record rather than a string per field).
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    partition: i32,
+    /// The operation id, then the entry's fields from `partition` to
+    /// `producer` as [`crate::store::TimelineEntry`] serializes them, then
+    /// the summary.
+    buf: Vec<u8>,
+    id_end: usize,
+    fields_end: usize,
+    manual: Option<ManualDecisionRecord>,
+}
+
+/// The fields of an entry known on arrival, in the entry's order (postcard
+/// writes a struct as its fields back to back, so these bytes are the
+/// entry's own).
+#[derive(Serialize)]
+struct ArrivalFields<'a> {
+    partition: i32,
+    offset: i64,
+    event_id: &'a str,
+    seq: Option<i64>,
+    body: &'a str,
+    occurred_at: i64,
+    producer: &'a str,
+}
+
+/// The fields decided by the core, in the entry's order.
+#[derive(Serialize)]
+struct Decided<'a> {
+    disposition: Disposition,
+    summary: &'a str,
+    anomalies: Vec<AnomalyRef<'a>>,
+    verdicts: Vec<VerdictRef<'a>>,
+    manual: &'a Option<ManualDecisionRecord>,
+}
+
+/// [`crate::store::timeline::AnomalyNote`], borrowed.
+#[derive(Serialize)]
+struct AnomalyRef<'a> {
+    kind: AnomalyKind,
+    event_id: &'a str,
+    detail: &'a str,
+}
+
+/// [`crate::store::timeline::VerdictNote`], borrowed.
+#[derive(Serialize)]
+struct VerdictRef<'a> {
+    verdict_id: &'a str,
+    outcome: Outcome,
+    action: Action,
+    state: Status,
+    reason: &'a str,
+    trigger_event_id: &'a str,
+}
+
+fn serialize_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) {
+    *buf = postcard::to_extend(value, std::mem::take(buf)).expect("timeline fields serialize");
+}
+
+impl Arrival {
+    /// The operation the event belongs to.
+    pub fn operation_id(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.id_end]).expect("copied from a str")
+    }
+
+    /// Takes what the timeline needs of `ev` (the decision note redacted as
+    /// the core redacts it).
+    pub fn of(ev: &Event, pos: SourcePos, policy: &Policy) -> Arrival {
+        let manual = match &ev.body {
+            Body::ManualDecision { actor, decision, note, evidence_checked } => Some(ManualDecisionRecord {
+                actor: actor.clone(),
+                decision: *decision,
+                note: policy.redactor.redact(note).into_owned(),
+                evidence_checked: evidence_checked.clone(),
+            }),
+            _ => None,
+        };
+        let mut buf = Vec::with_capacity(ev.operation_id.len() + ev.event_id.len() + ev.producer.len() + 128);
+        buf.extend_from_slice(ev.operation_id.as_bytes());
+        let id_end = buf.len();
+        let fields = ArrivalFields {
+            partition: pos.partition,
+            offset: pos.offset,
+            event_id: &ev.event_id,
+            seq: ev.seq,
+            body: ev.body.name(),
+            occurred_at: ev.occurred_at,
+            producer: &ev.producer,
+        };
+        serialize_into(&mut buf, &fields);
+        let fields_end = buf.len();
+        write_summary(&mut buf, &ev.body);
+        Arrival { partition: pos.partition, buf, id_end, fields_end, manual }
+    }
+}
+
+impl Arrival {
+    /// The entry a superseded operation gets: the newer operation's request
+    /// (its record, in the older one's timeline) and what it replaced.
+    pub fn superseded(s: &Supersede) -> Arrival {
+        let mut buf = Vec::with_capacity(s.operation_id.len() + s.trigger_event_id.len() + 128);
+        buf.extend_from_slice(s.operation_id.as_bytes());
+        let id_end = buf.len();
+        let fields = ArrivalFields {
+            partition: s.pos.partition,
+            offset: s.pos.offset,
+            event_id: &s.trigger_event_id,
+            seq: None,
+            body: "Requested",
+            occurred_at: s.at,
+            producer: "reconciler",
+        };
+        serialize_into(&mut buf, &fields);
+        let fields_end = buf.len();
+        let by = &s.by;
+        let version = by.expected_version.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        let _ = write!(Text(&mut buf), "superseded by operation {} (version {version})", by.operation_id);
+        Arrival { partition: s.pos.partition, buf, id_end, fields_end, manual: None }
+    }
+}
+
+/// Appends formatted text to a byte buffer through `fmt::Write` (the
+/// `io::Write` route to a `Vec<u8>` cost twice as much per record).
+struct Text<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Text<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Appends the structured fields of a body in one line to `out`. Free text
+/// that may carry personal data (`detail`, `evidence_ref`) is left out.
+fn write_summary(out: &mut Vec<u8>, body: &Body) {
+    let out = &mut Text(out);
+    struct Opt<T>(Option<T>);
+    impl<T: std::fmt::Display> std::fmt::Display for Opt<T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match &self.0 {
+                Some(v) => v.fmt(f),
+                None => f.write_str("-"),
+            }
+        }
+    }
+    let written = match body {
+        Body::Requested(r) => write!(
+            out,
+            "expects version {} fingerprint {}; {}idempotent; key {}; to {}",
+            Opt(r.expected_version),
+            Opt(r.expected_fingerprint.as_deref()),
+            if r.idempotent { "" } else { "not " },
+            Opt(r.idempotency_key.as_deref()),
+            r.destination
+        ),
+        Body::Started { attempt, worker } => write!(out, "attempt {attempt} by {worker}"),
+        Body::AttemptFailed { attempt, error_class, error_code, next_attempt_at, .. } => {
+            write!(out, "attempt {attempt} failed {error_class:?} ({error_code})").and_then(
+                |()| match next_attempt_at {
+                    Some(t) => write!(out, "; next attempt at {}", crate::clock::format_time(*t)),
+                    None => Ok(()),
+                },
+            )
+        }
+        Body::OutcomeUnknown { attempt, .. } => write!(out, "attempt {attempt}: outcome unknown"),
+        Body::EffectObserved(o) => write!(
+            out,
+            "{:?} saw remote id {} version {} fingerprint {}",
+            o.source,
+            Opt(o.remote_id.as_deref()),
+            Opt(o.observed_version),
+            Opt(o.observed_fingerprint.as_deref())
+        ),
+        Body::EffectAbsent { source, .. } => write!(out, "{source:?} found no effect"),
+        Body::Compensated { actor, reason } => write!(out, "compensated by {actor}: {reason}"),
+        Body::Cancelled { reason } => write!(out, "cancelled: {reason}"),
+        Body::ManualDecision { actor, decision, .. } => write!(out, "{} by {actor}", decision.as_str()),
+        Body::DeadlineReached { deadline } => write!(out, "deadline {deadline} reached"),
+    };
+    written.expect("writing to a vector");
+}
+
+/// Records in `batch` what became of arrival `a`: its disposition and the
+/// outputs its processing produced. `total` is how many entries the
+/// operation has received so far (stored with its state); it is advanced.
+/// `exists` is whether the operation still exists afterwards (a timer for a
+/// removed operation leaves no trace that nothing would delete).
+pub fn record(
+    batch: &mut Batch,
+    total: &mut u64,
+    a: Arrival,
+    disposition: Disposition,
+    outputs: &[Output],
+    exists: bool,
+) {
+    if !exists {
+        return;
+    }
+    let mut anomalies = Vec::new();
+    let mut verdicts = Vec::new();
+    for o in outputs {
+        match o {
+            Output::Anomaly(x) => anomalies.push(AnomalyRef { kind: x.kind, event_id: &x.event_id, detail: &x.detail }),
+            Output::Verdict(v) => verdicts.push(VerdictRef {
+                verdict_id: &v.verdict_id,
+                outcome: v.outcome,
+                action: v.action,
+                state: v.state,
+                reason: &v.reason,
+                trigger_event_id: &v.trigger_event_id,
+            }),
+            Output::Command(_) => {}
+        }
+    }
+    let summary = std::str::from_utf8(&a.buf[a.fields_end..]).expect("formatted text");
+    let decided = Decided { disposition, summary, anomalies, verdicts, manual: &a.manual };
+    // The entry: its ordinal, then the fields taken on arrival, then these.
+    let mut value = Vec::with_capacity(a.buf.len() + 64);
+    serialize_into(&mut value, total);
+    value.extend_from_slice(&a.buf[a.id_end..a.fields_end]);
+    serialize_into(&mut value, &decided);
+    batch.add_timeline_value(a.partition, a.operation_id(), *total, value);
+    *total += 1;
 }

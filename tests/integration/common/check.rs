@@ -23,10 +23,12 @@ use reconciler::codec::Codec;
 use reconciler::config::Config;
 use reconciler::core::memory::MemoryEngine;
 use reconciler::core::{OperationState, SourcePos};
+use reconciler::kafka::client_config;
 use reconciler::kafka::reader::TopicReader;
-use reconciler::kafka::{client_config, Record};
-use reconciler::pipeline::{dead_letter, decode_record, output_record};
-use reconciler::store::{OutboxRecord, Store};
+use reconciler::records::OutboxRecord;
+use reconciler::records::Record;
+use reconciler::records::{dead_letter, decode_record, output_record};
+use reconciler::store::Store;
 
 /// What a suite prints and asserts: figures of one or many runs.
 #[derive(Debug, Default, Clone)]

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use reconciler::clock::Clock;
 use reconciler::config::Config;
-use reconciler::pipeline::{Clock, Pipeline, Stats};
+use reconciler::pipeline::{Pipeline, Stats};
 
 /// Broker tests run one at a time: they measure wall-clock deadlines and
 /// kill processes, and the machine has two cores.

@@ -53,7 +53,7 @@ const CHILD_CONFIG: &str = "RELIABILITY_CHILD_CONFIG";
 const CHILD_STATE_DIR: &str = "RELIABILITY_CHILD_STATE_DIR";
 const CHILD_READY_FILE: &str = "RELIABILITY_CHILD_READY_FILE";
 
-/// The body of the `child_instance` test every suite file declares
+/// The body of the `child_instance` test of the integration binary
 /// (ignored, so it runs only when re-executed by [`Instance::spawn`]):
 /// `reconciler run` with the config file named by the environment, until
 /// SIGTERM. Crash points abort it; a pipeline error panics (exit 101).
@@ -70,8 +70,7 @@ pub fn child_main() {
     }
     let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone()).unwrap();
-    let mut p =
-        reconciler::pipeline::Pipeline::new(cfg, reconciler::pipeline::system_clock()).expect("pipeline starts");
+    let mut p = reconciler::pipeline::Pipeline::new(cfg, reconciler::clock::system_clock()).expect("pipeline starts");
     // Readiness (every owned partition restored and caught up) to a file
     // the test polls, as /readyz would answer it.
     if let Some(file) = std::env::var_os(CHILD_READY_FILE) {

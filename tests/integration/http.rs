@@ -5,7 +5,7 @@
 //! endpoints that change state want the bearer token, the operator API
 //! returns explain/review JSON, and the exception panel works in Chromium.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -15,14 +15,16 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use reconciler::clock::system_clock;
 use reconciler::codec::{validate_key, Codec};
 use reconciler::config::{Config, Mode};
 use reconciler::core::memory::MemoryEngine;
 use reconciler::core::{Body, Output, SourcePos, Status};
-use reconciler::demo::{self, DemoRecord};
+use reconciler::demo;
 use reconciler::http::{AppState, Server};
 use reconciler::kafka::reader::TopicReader;
-use reconciler::pipeline::{system_clock, Pipeline};
+use reconciler::pipeline::Pipeline;
+use reconciler::records::InputRecord;
 
 const TOKEN: &str = "test-token-5f2a";
 
@@ -213,13 +215,13 @@ struct Expected {
     engine: MemoryEngine,
 }
 
-fn expect(cfg: &Config, records: &[DemoRecord]) -> Expected {
+fn expect(cfg: &Config, records: &[InputRecord]) -> Expected {
     let policy = cfg.policy();
     let codec = Codec::new();
     let mut x = Expected::default();
     let mut out = Vec::new();
     for (i, r) in records.iter().enumerate() {
-        let DemoRecord::Event(ev) = r else {
+        let InputRecord::Event(ev) = r else {
             *x.results.entry("dead_lettered".into()).or_default() += 1.0;
             continue;
         };
@@ -449,7 +451,7 @@ fn endpoints_that_change_state_require_the_bearer_token() {
 }
 
 /// Publishes the quiet demo workload and waits until all of it is applied.
-fn served_workload(name: &str) -> (Config, Served, Expected, Vec<DemoRecord>) {
+fn served_workload(name: &str) -> (Config, Served, Expected, Vec<InputRecord>) {
     let cfg = quiet_config(name);
     let records = demo::workload(now() - 60_000, 1);
     let x = expect(&cfg, &records);
@@ -476,7 +478,7 @@ fn verdicts_for(
 ) -> Vec<reconciler::core::Verdict> {
     let codec = Codec::new();
     let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts], cfg.topics.partitions).unwrap();
-    let decode = |recs: &[reconciler::kafka::Record]| -> Vec<reconciler::core::Verdict> {
+    let decode = |recs: &[reconciler::records::Record]| -> Vec<reconciler::core::Verdict> {
         recs.iter()
             .filter_map(|r| codec.decode_verdict(r.value.as_deref()?).ok())
             .filter(|v| v.operation_id == operation_id)
@@ -536,7 +538,7 @@ fn operator_api_explains_reviews_and_resolves_through_the_log() {
     assert_eq!(op["expected"]["version"], 7);
     assert_eq!(op["observed"]["version"], 8);
     let arrived =
-        records.iter().filter(|r| matches!(r, DemoRecord::Event(e) if e.operation_id == "divergent-0")).count();
+        records.iter().filter(|r| matches!(r, InputRecord::Event(e) if e.operation_id == "divergent-0")).count();
     assert_eq!(op["timeline"].as_array().unwrap().len(), arrived, "{op}");
     assert!(op["timeline"][0]["offset"].is_i64());
     let allowed: Vec<&str> = op["allowed_decisions"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
@@ -732,7 +734,7 @@ fn run_serves_http_from_its_config_and_logs_json_lines_that_name_the_operation()
 }
 
 /// How many outputs of the core for `records` satisfy `pred`.
-fn x_count(cfg: &Config, records: &[DemoRecord], pred: impl Fn(&Output) -> bool) -> f64 {
+fn x_count(cfg: &Config, records: &[InputRecord], pred: impl Fn(&Output) -> bool) -> f64 {
     let (outputs, _) = demo::predict(cfg, records, 0);
     outputs.iter().filter(|o| pred(o)).count() as f64
 }

@@ -4,7 +4,7 @@
 //! refuse), replay reproduces the live state digest and verdicts, and a
 //! dead letter re-driven after a fix is processed.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{config, Running};
+use reconciler::clock::{system_clock, Clock};
 use reconciler::codec::Codec;
 use reconciler::config::Config;
 use reconciler::core::event::{Body, Event, Requested};
@@ -24,8 +25,8 @@ use reconciler::operator::commands::open_view;
 use reconciler::operator::dlq::{self, DlqFilter};
 use reconciler::operator::replay::{self, ReplayOptions};
 use reconciler::operator::{explain, review, state_digest, ReviewFilter};
-use reconciler::pipeline::{system_clock, Clock};
-use reconciler::store::{OutboxRecord, Store};
+use reconciler::records::OutboxRecord;
+use reconciler::store::Store;
 
 fn now() -> i64 {
     (system_clock())()

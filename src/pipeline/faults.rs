@@ -1,4 +1,4 @@
-//! Crash points for the reliability suites (tests/reliability.rs).
+//! Crash points for the reliability suites (tests/integration/reliability.rs).
 //!
 //! `point("name")` is a fail point of the `fail` crate whose `return`
 //! action aborts the process on the spot, like `kill -9`: no destructor runs,

@@ -23,25 +23,29 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use tracing::warn;
 
-use super::Metrics;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::core::{Policy, RepairAction, Status};
 use crate::kafka::consumer::Assignment;
-use crate::kafka::{client_config, CONSUMER_DEFAULTS};
-use crate::pipeline::Clock;
+use crate::kafka::watermarks::Watermarks;
+use crate::metrics::{Metrics, OTHER_TYPE};
 use crate::store::{OpSummary, Store};
 
 /// What the sampler reads.
 pub struct Source {
+    /// The state store.
     pub store: Arc<Store>,
+    /// The owned partitions and the next offset to apply in each.
     pub assignment: Arc<Mutex<Assignment>>,
-    pub kafka: BTreeMap<String, String>,
-    pub group_id: String,
+    /// High watermarks, for the lag.
+    pub watermarks: Arc<Watermarks>,
+    /// The input topic.
     pub topic: String,
+    /// The wall clock (ages).
     pub clock: Clock,
+    /// The policy (confirmation windows of the types).
     pub policy: Policy,
     /// Time between two passes.
     pub refresh: Duration,
@@ -51,12 +55,17 @@ pub struct Source {
 
 impl Source {
     /// The sampler's view of a pipeline built from `cfg`.
-    pub fn new(cfg: &Config, store: &Arc<Store>, assignment: &Arc<Mutex<Assignment>>, clock: &Clock) -> Source {
+    pub fn new(
+        cfg: &Config,
+        store: &Arc<Store>,
+        assignment: &Arc<Mutex<Assignment>>,
+        clock: &Clock,
+        watermarks: &Arc<Watermarks>,
+    ) -> Source {
         Source {
             store: store.clone(),
             assignment: assignment.clone(),
-            kafka: cfg.kafka.clone(),
-            group_id: cfg.consumer.group_id.clone(),
+            watermarks: watermarks.clone(),
             topic: cfg.topics.events.clone(),
             clock: clock.clone(),
             policy: cfg.policy(),
@@ -73,6 +82,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// Starts the sampler's thread.
     pub fn start(metrics: Arc<Metrics>, source: Source) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -97,14 +107,6 @@ impl Drop for Sampler {
 const TICK: Duration = Duration::from_millis(100);
 
 fn run(metrics: &Metrics, src: &Source, stop: &AtomicBool) {
-    let watermarks: Option<BaseConsumer> =
-        match client_config(&CONSUMER_DEFAULTS, &src.kafka, &[("group.id", src.group_id.as_str())]).create() {
-            Ok(c) => Some(c),
-            Err(e) => {
-                warn!(error = %e, "Cannot create the lag client; consumer lag is not reported");
-                None
-            }
-        };
     // Configured types show an empty review queue as 0 from the first pass.
     let mut shown = Shown { review: src.policy.types.keys().cloned().collect(), ..Shown::default() };
     let mut last: Option<(Instant, BTreeSet<i32>)> = None;
@@ -114,11 +116,9 @@ fn run(metrics: &Metrics, src: &Source, stop: &AtomicBool) {
         let due = last.as_ref().is_none_or(|(at, before)| at.elapsed() >= src.refresh || *before != parts);
         if due {
             last = Some((Instant::now(), parts.clone()));
-            if let Some(w) = &watermarks {
-                sample_lag(metrics, w, &src.topic, &owned, &mut shown.partitions);
-            }
+            sample_lag(metrics, &src.watermarks, &src.topic, &owned, &mut shown.partitions);
             match src.store.outbox_len() {
-                Ok(n) => metrics.outbox_pending.set(n as i64),
+                Ok(n) => metrics.set_outbox_pending(n),
                 Err(e) => warn!(error = %e, "Reading the outbox size failed"),
             }
             match scan(src, &parts, stop) {
@@ -134,34 +134,33 @@ fn run(metrics: &Metrics, src: &Source, stop: &AtomicBool) {
 /// Label values set by the previous pass (to remove those that are gone).
 #[derive(Default)]
 struct Shown {
-    partitions: BTreeSet<String>,
+    partitions: BTreeSet<i32>,
     unconfirmed: BTreeSet<String>,
     review: BTreeSet<String>,
 }
 
 fn sample_lag(
     metrics: &Metrics,
-    client: &BaseConsumer,
+    watermarks: &Watermarks,
     topic: &str,
     owned: &BTreeMap<i32, i64>,
-    shown: &mut BTreeSet<String>,
+    shown: &mut BTreeSet<i32>,
 ) {
     let mut now = BTreeSet::new();
     for (p, next) in owned {
-        match client.fetch_watermarks(topic, *p, Duration::from_secs(2)) {
-            Ok((_, high)) => {
-                let label = p.to_string();
-                metrics.consumer_lag.with_label_values(&[label.as_str()]).set((high - next).max(0));
-                now.insert(label);
+        match watermarks.high(topic, *p, Duration::from_secs(2)) {
+            Ok(high) => {
+                metrics.set_lag(*p, (high - next).max(0));
+                now.insert(*p);
             }
             Err(e) => warn!(partition = p, error = %e, "Reading the high watermark for lag failed"),
         }
     }
     for gone in shown.difference(&now) {
-        let _ = metrics.consumer_lag.remove_label_values(&[gone.as_str()]);
+        metrics.clear_lag(*gone);
     }
     // A partition whose watermark could not be read keeps its last value.
-    shown.retain(|l| owned.contains_key(&l.parse().unwrap_or(-1)));
+    shown.retain(|p| owned.contains_key(p));
     shown.extend(now);
 }
 
@@ -232,9 +231,7 @@ impl Summary {
     }
 
     fn publish(self, m: &Metrics, src: &Source, shown: &mut Shown) {
-        for st in Status::ALL {
-            m.operations.with_label_values(&[st.as_str()]).set(self.by_state.get(&st).copied().unwrap_or(0));
-        }
+        m.set_operations(|st| self.by_state.get(&st).copied().unwrap_or(0));
         m.set_follow_ups(self.follow_ups.0, self.follow_ups.1);
         let now = (src.clock)();
         let age = |at: i64| (now - at).max(0) as f64 / 1000.0;
@@ -242,18 +239,16 @@ impl Summary {
         let mut oldest: BTreeMap<String, (i64, i64)> = BTreeMap::new();
         for (ty, at) in &self.oldest_requested {
             let label = m.type_label(ty).to_owned();
-            let window = src.policy.confirm_within(if label == super::OTHER_TYPE { "" } else { ty }, None);
+            let window = src.policy.confirm_within(if label == OTHER_TYPE { "" } else { ty }, None);
             let e = oldest.entry(label).or_insert((*at, window));
             e.0 = e.0.min(*at);
         }
         for (label, (at, window)) in &oldest {
-            m.oldest_unconfirmed.with_label_values(&[label.as_str()]).set(age(*at));
-            m.confirm_window.with_label_values(&[label.as_str()]).set(*window as f64 / 1000.0);
+            m.set_unconfirmed(label, age(*at), *window as f64 / 1000.0);
         }
         let now_labels: BTreeSet<String> = oldest.into_keys().collect();
         for gone in shown.unconfirmed.difference(&now_labels) {
-            let _ = m.oldest_unconfirmed.remove_label_values(&[gone.as_str()]);
-            let _ = m.confirm_window.remove_label_values(&[gone.as_str()]);
+            m.clear_unconfirmed(gone);
         }
         shown.unconfirmed = now_labels;
 
@@ -264,18 +259,15 @@ impl Summary {
             e.1 = e.1.min(*since);
         }
         for (label, (n, since)) in &review {
-            m.review_open.with_label_values(&[label.as_str()]).set(*n);
-            m.review_oldest.with_label_values(&[label.as_str()]).set(age(*since));
+            m.set_review(label, Some((*n, age(*since))));
         }
         let now_labels: BTreeSet<String> = review.into_keys().collect();
         for gone in shown.review.difference(&now_labels) {
             // An emptied queue shows 0 rather than vanishing, so that
             // "review queue size" panels and alerts see it drop.
-            m.review_open.with_label_values(&[gone.as_str()]).set(0);
-            let _ = m.review_oldest.remove_label_values(&[gone.as_str()]);
+            m.set_review(gone, None);
         }
         shown.review.extend(now_labels);
-        m.scan_duration.set(self.took.as_secs_f64());
-        m.scan_operations.set(self.operations);
+        m.set_scan(self.took, self.operations);
     }
 }

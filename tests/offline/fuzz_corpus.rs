@@ -3,6 +3,7 @@
 //! fuzzers run (tests/fuzz_targets/mod.rs). A crash found by a fuzzer is
 //! added to the corpus and stays here as a regression test.
 
+#[path = "../fuzz_targets/mod.rs"]
 mod fuzz_targets;
 
 use std::path::Path;
@@ -49,7 +50,7 @@ fn write_seed_corpus() {
     let events: Vec<Vec<u8>> = records
         .iter()
         .filter_map(|r| match r {
-            reconciler::demo::DemoRecord::Event(e) => Some(codec.encode_event(e).unwrap()),
+            reconciler::records::InputRecord::Event(e) => Some(codec.encode_event(e).unwrap()),
             _ => None,
         })
         .collect();

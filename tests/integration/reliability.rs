@@ -1,35 +1,26 @@
 //! Reliability suites (issue 6): crashes at every crash point and at random,
 //! broker bounces, rebalances with a zombie, poison input, and clocks. Each
-//! checks the invariants I1–I4 of tests/common/check.rs against a reference
+//! checks the invariants I1–I4 of tests/integration/common/check.rs against a reference
 //! run over the same input log and prints its figures.
 //!
 //! The default run is short (a handful of iterations); `RELIABILITY_FULL=1`
 //! runs the long variants (≥ 50 crash iterations). See RELIABILITY.md.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::check::{self, Figures};
 use common::child::Instance;
+use reconciler::clock::system_clock;
 use reconciler::config::Config;
 use reconciler::core::Output;
-use reconciler::demo::{self, DemoRecord};
-use reconciler::faults::CRASH_POINTS;
+use reconciler::demo;
 use reconciler::kafka::reader::TopicReader;
 use reconciler::loadgen::rng::Rng;
-use reconciler::pipeline::system_clock;
-
-#[test]
-#[ignore = "the child process of the suites (tests/common/child.rs)"]
-fn child_instance() {
-    common::child::child_main();
-}
-
-// The tests link the library with its crash points (the dev-dependency on
-// the crate itself turns on `failpoints`).
-const _: () = assert!(reconciler::faults::ARMED, "the crash points are compiled in");
+use reconciler::pipeline::faults::CRASH_POINTS;
+use reconciler::records::InputRecord;
 
 fn full() -> bool {
     std::env::var("RELIABILITY_FULL").is_ok_and(|v| v == "1")
@@ -55,7 +46,7 @@ impl Run {
 
     /// Creates the topics (on `brokers`, else the test broker) and returns
     /// the workload to publish.
-    fn prepare(name: &str, copies: usize, batch_size: usize, brokers: Option<&str>) -> (Run, Vec<DemoRecord>) {
+    fn prepare(name: &str, copies: usize, batch_size: usize, brokers: Option<&str>) -> (Run, Vec<InputRecord>) {
         let mut cfg = common::config(name);
         if let Some(b) = brokers {
             cfg.kafka.insert("bootstrap.servers".into(), b.to_owned());
@@ -80,7 +71,7 @@ impl Run {
     }
 
     /// Publishes part `i` of `n` of the workload (in order).
-    fn publish_part(&self, workload: &[DemoRecord], i: usize, n: usize) {
+    fn publish_part(&self, workload: &[InputRecord], i: usize, n: usize) {
         let (a, b) = (workload.len() * i / n, workload.len() * (i + 1) / n);
         demo::publish(&self.cfg, &workload[a..b]).unwrap();
     }
@@ -190,7 +181,7 @@ fn wait_crash(i: &mut Instance, timeout: Duration) -> bool {
 }
 
 /// One seeded crash iteration. Scenario `seed % 7`: the six crash points
-/// of src/faults.rs, then a random `kill -9`.
+/// of src/pipeline/faults.rs, then a random `kill -9`.
 fn crash_iteration(seed: u64) -> Figures {
     // The seeded choices of an iteration, reproducible from the seed printed
     // on failure.

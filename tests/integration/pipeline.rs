@@ -3,7 +3,7 @@
 //! verdicts on an idle partition, crash and restart without loss or double
 //! application, and replay giving byte-identical output streams.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -11,15 +11,17 @@ use std::time::Duration;
 
 use common::child::Instance;
 use common::{check, config, Running};
+use reconciler::clock::system_clock;
 use reconciler::codec::Codec;
 use reconciler::core::event::{Body, Event, Requested};
 use reconciler::core::{Output, Verdict};
-use reconciler::demo::{self, DemoRecord};
+use reconciler::demo;
 use reconciler::kafka::producer::Publisher;
 use reconciler::kafka::reader::TopicReader;
-use reconciler::kafka::Record;
-use reconciler::pipeline::system_clock;
-use reconciler::store::{OutboxRecord, Store};
+use reconciler::records::InputRecord;
+use reconciler::records::OutboxRecord;
+use reconciler::records::Record;
+use reconciler::store::Store;
 
 fn now() -> i64 {
     (system_clock())()
@@ -63,7 +65,7 @@ fn events_in_give_the_predicted_verdicts_and_anomalies() {
     let predicted: Vec<&Verdict> =
         outputs.iter().filter_map(|o| if let Output::Verdict(v) = o { Some(v) } else { None }).collect();
     let predicted_anomalies = outputs.iter().filter(|o| matches!(o, Output::Anomaly(_))).count();
-    let garbage = records.iter().filter(|r| !matches!(r, DemoRecord::Event(_))).count();
+    let garbage = records.iter().filter(|r| !matches!(r, InputRecord::Event(_))).count();
     let ok = reader.read_until(Duration::from_secs(60), |recs| {
         let n = |topic: &str| recs.iter().filter(|r| r.topic == topic).count();
         n(&t.verdicts) >= predicted.len() && n(&t.anomalies) >= predicted_anomalies && n(&t.dlq) >= garbage
@@ -203,7 +205,7 @@ fn eleven_kinds_of_poison_are_dead_lettered_once_byte_identical_the_stream_flows
         assert_eq!(got.key, sent.key, "key of dead letter {i}");
         if *class == "oversize" {
             // Too large for any producer: the first 64 KiB and the length.
-            assert_eq!(got.value.as_deref(), Some(&oversize[..reconciler::pipeline::OVERSIZE_KEPT_BYTES]));
+            assert_eq!(got.value.as_deref(), Some(&oversize[..reconciler::records::OVERSIZE_KEPT_BYTES]));
             let len = got.headers.iter().find(|(k, _)| k == "reconciler.value.truncated").and_then(|(_, v)| v.clone());
             assert_eq!(len, Some(oversize.len().to_string().into_bytes()));
         } else {
@@ -412,8 +414,8 @@ fn streams(reader: &TopicReader, topic: &str) -> BTreeMap<i32, Vec<Vec<u8>>> {
 /// before any timer can fire.
 fn run_with_clock(
     cfg: &reconciler::config::Config,
-    records: Option<&[DemoRecord]>,
-    clock: reconciler::pipeline::Clock,
+    records: Option<&[InputRecord]>,
+    clock: reconciler::clock::Clock,
     want: (usize, usize),
 ) -> TopicReader {
     if let Some(r) = records {
@@ -455,7 +457,7 @@ fn verdicts_do_not_depend_on_the_wall_clock_and_replays_are_byte_identical() {
     let mut skewed = config("clock-skewed");
     demo::configure(&mut skewed);
     let runs = [
-        (cfg, system_clock(), Arc::new(move || now() + 86_400_000) as reconciler::pipeline::Clock),
+        (cfg, system_clock(), Arc::new(move || now() + 86_400_000) as reconciler::clock::Clock),
         (skewed, Arc::new(move || now() + 3_600_000) as _, Arc::new(move || now() - 86_400_000) as _),
     ];
     for (cfg, live_clock, replay_clock) in runs {
@@ -474,12 +476,6 @@ fn verdicts_do_not_depend_on_the_wall_clock_and_replays_are_byte_identical() {
         "clock suite: 2 wall clocks 1 h apart, 2 replays (a day later, a day earlier), {} verdicts each, identical",
         want.0
     );
-}
-
-#[test]
-#[ignore = "the child process of the crash test (tests/common/child.rs)"]
-fn child_instance() {
-    common::child::child_main();
 }
 
 #[test]
@@ -539,4 +535,60 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     for (id, want) in &engine.ops {
         assert_eq!(&ops[id], want, "{id}: state differs from the uninterrupted reference");
     }
+}
+
+/// Issue 14: an error no retry cures is not retried forever. The producer
+/// refuses an output the broker would never take (a dead letter larger
+/// than `message.max.bytes`): readiness turns red with the error, and after
+/// `give_up_after_ms` the pipeline stops with `PublishRefused` (the binary
+/// then exits non-zero) instead of waiting for a fix that cannot come.
+#[test]
+fn an_output_the_producer_refuses_stops_the_pipeline_after_the_bound() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    use reconciler::pipeline::{Pipeline, PipelineError};
+
+    let _serial = common::serial();
+    let mut cfg = config("refused");
+    cfg.consumer.give_up_after_ms = 2_000;
+    // Records are accepted up to 900 kB, but the producer of this instance
+    // takes messages of 3 kB at most: a 10 kB input is dead-lettered, and
+    // its dead letter can never be sent.
+    cfg.kafka.insert("message.max.bytes".into(), "3000".into());
+    let mut pipeline = Pipeline::new(cfg.clone(), system_clock()).unwrap();
+    let metrics = pipeline.metrics();
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let flag = shutdown.clone();
+    let run = std::thread::spawn(move || pipeline.run(&flag));
+    let big = OutboxRecord {
+        topic: cfg.topics.events.clone(),
+        key: Some(b"cust-1".to_vec()),
+        value: Some(vec![0x42; 10_000]),
+        headers: Vec::new(),
+    };
+    let mut kafka = cfg.kafka.clone();
+    kafka.remove("message.max.bytes");
+    Publisher::new(&kafka, 1 << 20).unwrap().publish_all([(&big, None)]).unwrap();
+    let started = Instant::now();
+    let mut refused = None;
+    while !run.is_finished() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the pipeline kept retrying");
+        if let Some(e) = metrics.readiness().publish_refused {
+            assert!(!metrics.is_ready(), "ready while publishing is refused");
+            refused = Some(e);
+        }
+        std::thread::sleep(Duration::from_millis(50)); // polling interval
+    }
+    let result = run.join().unwrap();
+    shutdown.store(true, Ordering::SeqCst);
+    let refused = refused.expect("readiness showed the refusal before the pipeline stopped");
+    assert!(refused.contains("Message size too large") || refused.contains("MessageSizeTooLarge"), "{refused}");
+    match result {
+        Err(PipelineError::PublishRefused { seconds, source }) => {
+            assert!(seconds >= 2 && !source.retriable(), "{seconds} s, {source}");
+        }
+        other => panic!("expected PublishRefused, got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&cfg.state_dir);
 }

@@ -1,0 +1,194 @@
+//! The shapes every layer passes around: a record as consumed
+//! ([`Record`]), a record as it will be published ([`OutboxRecord`]), and
+//! the conversions between them and the core's events and outputs: decoding
+//! an input record (or why it is a dead letter), the dead letter itself
+//! with its provenance headers (SPEC §8), and the records of events and
+//! outputs. Kafka, the store, the pipeline, the operator tools and loadgen
+//! all meet here rather than in each other.
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{validate_key, Codec, DecodeError, EncodeError};
+use crate::config::Topics;
+use crate::core::{Event, Output};
+
+/// An owned copy of a consumed record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The topic it was read from.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset in the partition.
+    pub offset: i64,
+    /// The broker's timestamp (ms), if any.
+    pub timestamp: Option<i64>,
+    /// The key, byte for byte.
+    pub key: Option<Vec<u8>>,
+    /// The value, byte for byte (`None`: a null value).
+    pub value: Option<Vec<u8>>,
+    /// The headers, in order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Record {
+    /// Bytes of key, value and headers (for the size limit).
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.value.as_ref().map_or(0, Vec::len)
+            + self.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum::<usize>()
+    }
+
+    /// The value of header `name`, if present and not null: the last one,
+    /// as the reconciler appends its headers after the original ones (a
+    /// re-driven record dead-lettered again carries two sets).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers.iter().rev().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref())
+    }
+}
+
+/// A record to publish, exactly as it will go to the broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxRecord {
+    /// The destination topic.
+    pub topic: String,
+    /// The key (the entity, for the core's outputs).
+    pub key: Option<Vec<u8>>,
+    /// The value (`None`: a null value, kept for dead letters).
+    pub value: Option<Vec<u8>>,
+    /// The headers, in order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// A record for the input topic, as the workloads (the demo, loadgen)
+/// publish it: a valid event keyed by its entity, or raw bytes the
+/// reconciler must dead-letter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputRecord {
+    /// A valid event, keyed by its entity.
+    Event(Event),
+    /// Raw bytes under a key (garbage, a null value, a valid event under
+    /// the wrong key), and the dead-letter class they must get.
+    Raw {
+        /// The key.
+        key: Vec<u8>,
+        /// The value (`None`: null).
+        value: Option<Vec<u8>>,
+        /// The error class of its dead letter.
+        class: &'static str,
+    },
+}
+
+impl InputRecord {
+    /// The record as it goes to input topic `topic`.
+    pub fn to_outbox(&self, codec: &Codec, topic: &str) -> Result<OutboxRecord, EncodeError> {
+        match self {
+            InputRecord::Event(e) => event_record(codec, topic, e),
+            InputRecord::Raw { key, value, .. } => Ok(OutboxRecord {
+                topic: topic.to_owned(),
+                key: Some(key.clone()),
+                value: value.clone(),
+                headers: Vec::new(),
+            }),
+        }
+    }
+
+    /// The event, if the record is one.
+    pub fn event(&self) -> Option<&Event> {
+        match self {
+            InputRecord::Event(e) => Some(e),
+            InputRecord::Raw { .. } => None,
+        }
+    }
+}
+
+/// The headers a dead letter carries besides the original ones (SPEC §8).
+pub mod headers {
+    /// The error class (`bad_magic`, `truncated`, `key_mismatch`, ...).
+    pub const ERROR_CLASS: &str = "reconciler.error.class";
+    /// The error, as a sentence.
+    pub const ERROR_MESSAGE: &str = "reconciler.error.message";
+    /// The input topic of the original record.
+    pub const SOURCE_TOPIC: &str = "reconciler.source.topic";
+    /// The input partition of the original record.
+    pub const SOURCE_PARTITION: &str = "reconciler.source.partition";
+    /// The input offset of the original record.
+    pub const SOURCE_OFFSET: &str = "reconciler.source.offset";
+    /// The broker timestamp of the original record (empty if none).
+    pub const SOURCE_TIMESTAMP: &str = "reconciler.source.timestamp";
+    /// For an oversize record: its value's original length (the dead
+    /// letter keeps the first [`super::OVERSIZE_KEPT_BYTES`]).
+    pub const VALUE_TRUNCATED: &str = "reconciler.value.truncated";
+    /// On a re-driven record: `topic/partition/offset` of its dead letter.
+    pub const REDRIVEN_FROM: &str = "reconciler.redriven.from";
+}
+
+/// Room for the provenance headers on top of the largest accepted record.
+pub const DLQ_HEADER_ROOM: usize = 64 * 1024;
+
+/// How much of an oversize record's value its dead letter keeps.
+pub const OVERSIZE_KEPT_BYTES: usize = 64 * 1024;
+
+/// An input record as the core sees it, or why it goes to the dead letters.
+pub fn decode_record(codec: &Codec, max_record_bytes: usize, r: &Record) -> Result<Event, DecodeError> {
+    let size = r.size();
+    if size > max_record_bytes {
+        return Err(DecodeError::Oversize { size, limit: max_record_bytes });
+    }
+    let value = r.value.as_deref().ok_or(DecodeError::NullValue)?;
+    let ev = codec.decode_event(value)?;
+    validate_key(r.key.as_deref(), &ev)?;
+    Ok(ev)
+}
+
+/// The dead letter of `r` for dead-letter topic `topic`: the provenance
+/// headers of SPEC §8 added to the original key, value and headers.
+///
+/// Byte-identical, except for records over the size limit: no producer
+/// could publish those whole, so their dead letter keeps the key, the
+/// headers and the first 64 KiB of the value, with
+/// [`headers::VALUE_TRUNCATED`] giving the original length.
+pub fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
+    let mut hs = r.headers.clone();
+    let mut value = r.value.clone();
+    if let (DecodeError::Oversize { .. }, Some(v)) = (err, value.as_mut()) {
+        if v.len() > OVERSIZE_KEPT_BYTES {
+            hs.push((headers::VALUE_TRUNCATED.to_owned(), Some(v.len().to_string().into_bytes())));
+            v.truncate(OVERSIZE_KEPT_BYTES);
+        }
+    }
+    let mut add = |k: &str, v: String| hs.push((k.to_owned(), Some(v.into_bytes())));
+    add(headers::ERROR_CLASS, err.class().to_owned());
+    add(headers::ERROR_MESSAGE, err.to_string());
+    add(headers::SOURCE_TOPIC, r.topic.clone());
+    add(headers::SOURCE_PARTITION, r.partition.to_string());
+    add(headers::SOURCE_OFFSET, r.offset.to_string());
+    add(headers::SOURCE_TIMESTAMP, r.timestamp.map_or_else(String::new, |t| t.to_string()));
+    OutboxRecord { topic: topic.to_owned(), key: r.key.clone(), value, headers: hs }
+}
+
+/// An event as it goes to the input topic `topic`: keyed by its entity
+/// (timer firings, manual decisions and generated workloads all use it).
+pub fn event_record(codec: &Codec, topic: &str, ev: &Event) -> Result<OutboxRecord, EncodeError> {
+    Ok(OutboxRecord {
+        topic: topic.to_owned(),
+        key: Some(ev.entity_id.as_bytes().to_vec()),
+        value: Some(codec.encode_event(ev)?),
+        headers: Vec::new(),
+    })
+}
+
+/// An output of the core as it is published: to its topic, keyed by entity.
+pub fn output_record(codec: &Codec, t: &Topics, o: &Output) -> Result<OutboxRecord, EncodeError> {
+    let (topic, value) = match o {
+        Output::Verdict(v) => (&t.verdicts, codec.encode_verdict(v)?),
+        Output::Anomaly(a) => (&t.anomalies, codec.encode_anomaly(a)?),
+        Output::Command(c) => (&t.commands, codec.encode_command(c)?),
+    };
+    Ok(OutboxRecord {
+        topic: topic.clone(),
+        key: Some(o.entity_id().as_bytes().to_vec()),
+        value: Some(value),
+        headers: Vec::new(),
+    })
+}

@@ -1,0 +1,34 @@
+//! The integration tests: everything that needs something outside the
+//! crate. The broker (`KAFKA_BROKERS`; the pipeline, the HTTP server, the
+//! operator tools, the reliability suites, loadgen verify), and the
+//! programs `scripts/setup.sh --tests` installs: Python's fastavro
+//! (interop), promtool (the alert rules), Node.js and Chromium (the
+//! deployment files, the exception panel).
+//!
+//! Built only with the `kafka-integration-tests` feature, which also
+//! compiles in the crash points the reliability suites arm:
+//! `cargo test --release --features kafka-integration-tests --test integration`
+//! (`scripts/test.sh` starts the broker and runs it after the offline tests).
+
+mod common;
+
+mod deploy;
+mod http;
+mod interop;
+mod loadgen;
+mod operator;
+mod pipeline;
+mod prometheus;
+mod reliability;
+
+// The tests link the library with its crash points.
+const _: () = assert!(reconciler::pipeline::faults::ARMED, "the crash points are compiled in");
+
+/// The body of the child processes the crash, rebalance and zombie suites
+/// start (`tests/integration/common/child.rs`); ignored, so it runs only
+/// when re-executed by them.
+#[test]
+#[ignore = "the child process of the suites (tests/integration/common/child.rs)"]
+fn child_instance() {
+    common::child::child_main();
+}
