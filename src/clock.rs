@@ -1,5 +1,5 @@
-//! Wall-clock time: the one place that reads it, injected everywhere else
-//! so that tests can move time, and how a time is written for people.
+//! Wall-clock time, read here and injected where decisions depend on it
+//! (so that tests can move time), and how a time is written for people.
 //!
 //! The core never reads a clock (time comes in as data); the pipeline's
 //! timer wheel, the state gauges and the operator tools take a [`Clock`].

@@ -108,7 +108,7 @@ pub fn resolve_cmd(cfg: &Config, req: &ResolveRequest, as_json: bool) -> Result<
 
 /// A fresh directory beside the configured state directory.
 pub fn default_replay_dir(state_dir: &Path) -> PathBuf {
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let stamp = crate::clock::now_ms() / 1000;
     let name = state_dir.file_name().map_or_else(|| "reconciler-state".into(), |n| n.to_string_lossy().into_owned());
     state_dir.with_file_name(format!("{name}.replay-{stamp}"))
 }

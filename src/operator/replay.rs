@@ -166,7 +166,7 @@ pub fn replay(
     let marks = watermarks(&cfg.kafka, &cfg.topics.events)?;
     let mut rcfg = cfg.clone();
     rcfg.state_dir = opts.state_dir.clone();
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let stamp = crate::clock::now_ms();
     rcfg.consumer.group_id = format!("{}.replay-{}-{stamp}", cfg.consumer.group_id, std::process::id());
     if let Some(prefix) = &opts.output_prefix {
         rcfg.topics = Topics { events: cfg.topics.events.clone(), ..Topics::named(prefix, cfg.topics.partitions) };

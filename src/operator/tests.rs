@@ -9,6 +9,7 @@ use crate::codec::Codec;
 use crate::config::Config;
 use crate::core::event::{Body, Decision, EffectObserved, Event, EvidenceSource, Requested};
 use crate::core::{Disposition, Status};
+use crate::loadgen::MemoryTopic;
 use crate::metrics::Metrics;
 use crate::pipeline::{Applier, Stats};
 use crate::records::{event_record, Record};
@@ -18,7 +19,8 @@ use crate::store::{Batch, Store};
 struct Harness {
     store: Store,
     cfg: Config,
-    offset: i64,
+    /// The input topic the events are appended to (one partition).
+    topic: MemoryTopic,
     _dir: TempDir,
 }
 
@@ -58,7 +60,7 @@ impl Harness {
     fn new(name: &str) -> Harness {
         let dir = temp(&format!("operator-{name}"));
         let store = Store::open(&dir.0, "t.events", false).unwrap();
-        Harness { store, cfg: Config::default(), offset: 0, _dir: dir }
+        Harness { store, cfg: Config::default(), topic: MemoryTopic::new(1), _dir: dir }
     }
 
     /// One batch of events on partition 0, through the pipeline's batch
@@ -70,14 +72,9 @@ impl Harness {
         let applier = Applier::new(&self.cfg, &self.store, &policy, &codec, &metrics);
         let records: Vec<Record> = events
             .iter()
-            .map(|e| {
-                let r = event_record(&codec, &self.cfg.topics.events, e).unwrap();
-                self.offset += 1;
-                let (topic, key, value, headers) = (r.topic, r.key, r.value, r.headers);
-                Record { topic, partition: 0, offset: self.offset - 1, timestamp: None, key, value, headers }
-            })
+            .map(|e| self.topic.append(event_record(&codec, &self.cfg.topics.events, e).unwrap()))
             .collect();
-        let mut next = BTreeMap::from([(0, self.offset - records.len() as i64)]);
+        let mut next = BTreeMap::from([(0, self.store.next_offset(0).unwrap().unwrap_or(0))]);
         let applied = applier.apply(&records, &mut next, &BTreeMap::new(), &mut Stats::default()).unwrap();
         self.store.write_encoded(&applied.batch).unwrap();
         let timeline = self.store.timeline(0, "op-1").unwrap();
