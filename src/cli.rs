@@ -64,6 +64,17 @@ pub enum Command {
         #[arg(long)]
         group_id: Option<String>,
     },
+    /// Run the probe worker alone: answer PROBE commands by querying each
+    /// operation's destination ([destinations.<name>]: HTTP or PostgreSQL)
+    /// and publish the answers to the input topic, until SIGTERM or SIGINT.
+    /// (`[probe] enabled = true` runs it inside `run` instead.)
+    ///
+    /// Example: CRM_TOKEN=... reconciler probe --config reconciler.toml
+    Probe {
+        /// Directory of the worker's store (overrides probe.state_dir).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
     /// Print the effective configuration (defaults, then the file, then
     /// RECONCILER_* variables, then flags) as TOML and exit; fails naming the
     /// field when a value is invalid. Checks a deployment's settings without

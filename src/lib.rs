@@ -37,6 +37,9 @@
 //! - [`operator`]: explain, review, resolve, replay, DLQ re-drive (the
 //!   operator's tools), and [`http`]: metrics, health, operator API and the
 //!   exception panel over HTTP.
+//! - [`probe`]: `reconciler probe`, the worker that answers PROBE commands
+//!   by querying the destinations (HTTP, PostgreSQL) and publishes what it
+//!   found to the input topic.
 //! - [`demo`], [`report`]: the demo workload and its summary;
 //!   [`loadgen`]: seeded fault-injecting workload, ground truth, checker,
 //!   benchmark baseline.
@@ -66,6 +69,8 @@ pub mod operator;
 pub(crate) mod parallel;
 #[cfg(feature = "io")]
 pub mod pipeline;
+#[cfg(feature = "io")]
+pub mod probe;
 #[cfg(feature = "io")]
 pub mod records;
 #[cfg(feature = "io")]

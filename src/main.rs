@@ -13,6 +13,7 @@ use reconciler::clock::system_clock;
 use reconciler::config::Config;
 use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
 use reconciler::pipeline::Pipeline;
+use reconciler::probe::ProbeWorker;
 use reconciler::{demo, http, loadgen, report};
 
 /// mimalloc rather than the system allocator: the pipeline allocates and
@@ -39,6 +40,19 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
+/// The first SIGTERM/SIGINT finishes the work in hand and exits 0; a
+/// second one exits at once (state stays consistent: the stores are
+/// written atomically).
+fn install_shutdown() -> anyhow::Result<Arc<AtomicBool>> {
+    let shutdown = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, shutdown.clone())
+            .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, shutdown.clone()).context("installing signal handlers")?;
+    }
+    Ok(shutdown)
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     let mut cfg = load_config(&cli)?;
     match cli.command {
@@ -50,22 +64,48 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 cfg.consumer.group_id = g;
             }
             cfg.validate()?;
-            let shutdown = Arc::new(AtomicBool::new(false));
-            // The first SIGTERM/SIGINT finishes the batch in hand and exits
-            // 0; a second one exits at once (state stays consistent: the
-            // store is written atomically).
-            for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-                signal_hook::flag::register_conditional_shutdown(sig, 1, shutdown.clone())
-                    .context("installing signal handlers")?;
-                signal_hook::flag::register(sig, shutdown.clone()).context("installing signal handlers")?;
-            }
+            let shutdown = install_shutdown()?;
             let bind = cfg.http.bind_addr()?;
             let mut pipeline = Pipeline::new(cfg.clone(), system_clock()).context("starting the pipeline")?;
+            // The probe worker inside `run`: its own thread and consumer
+            // group, its metrics on the pipeline's /metrics.
+            let probe = if cfg.probe.enabled {
+                let mut worker = ProbeWorker::new(cfg.clone(), pipeline.metrics().registry())
+                    .context("starting the probe worker")?;
+                let stop = shutdown.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("probe".into())
+                        .spawn(move || worker.run(&stop))
+                        .context("starting the probe worker")?,
+                )
+            } else {
+                None
+            };
             let _server = match bind {
                 Some(addr) => Some(http::Server::start(addr, http::AppState::of(&pipeline, cfg, system_clock()))?),
                 None => None,
             };
-            pipeline.run(&shutdown)?;
+            let ran = pipeline.run(&shutdown);
+            shutdown.store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some(p) = probe {
+                p.join().map_err(|_| anyhow::anyhow!("the probe worker panicked"))?.context("probe worker")?;
+            }
+            ran?;
+            Ok(())
+        }
+        Command::Probe { state_dir } => {
+            if let Some(d) = state_dir {
+                cfg.probe.state_dir = d;
+            }
+            let shutdown = install_shutdown()?;
+            let registry = prometheus::Registry::new();
+            let mut worker = ProbeWorker::new(cfg.clone(), &registry).context("starting the probe worker")?;
+            let _server = match cfg.probe.bind_addr()? {
+                Some(addr) => Some(http::Server::metrics_only(addr, registry)?),
+                None => None,
+            };
+            worker.run(&shutdown)?;
             Ok(())
         }
         Command::Config => {
@@ -162,7 +202,7 @@ fn main() -> ExitCode {
     // The demo's output is its summary; the pipeline's own lines would bury it.
     // Operator tools print their result on stdout; their logs would clutter it.
     let default = match cli.command {
-        Command::Run { .. } => "info",
+        Command::Run { .. } | Command::Probe { .. } => "info",
         Command::Resolve { .. } | Command::Dlq { command: DlqCommand::Redrive { .. } } => "info",
         _ => "warn",
     };

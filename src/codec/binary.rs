@@ -15,10 +15,12 @@
 //! path with schema resolution.
 
 use super::error::DecodeError;
-use crate::core::event::{Body, Decision, EffectObserved, ErrorClass, Event, EvidenceSource, Requested};
+use crate::core::event::{
+    Body, Decision, EffectObserved, ErrorClass, Event, EvidenceSource, ProbeErrorClass, Requested,
+};
 
 /// CRC-64-AVRO fingerprint of the schema this module implements.
-pub const FINGERPRINT: u64 = 0x31c5_8009_ab42_5cd5;
+pub const FINGERPRINT: u64 = 0x2d5a_2ef5_ebe6_f637;
 
 struct Reader<'a> {
     buf: &'a [u8],
@@ -134,7 +136,7 @@ impl<'a> Reader<'a> {
     }
 
     fn body(&mut self) -> Result<Body, DecodeError> {
-        Ok(match self.index("body", 10)? {
+        Ok(match self.index("body", 11)? {
             0 => Body::Requested(Requested {
                 expected_version: self.opt_long("expected_version")?,
                 expected_fingerprint: self.opt_string("expected_fingerprint")?,
@@ -172,7 +174,12 @@ impl<'a> Reader<'a> {
                 note: self.string("note")?,
                 evidence_checked: self.strings("evidence_checked")?,
             },
-            _ => Body::DeadlineReached { deadline: self.long("deadline")? },
+            9 => Body::DeadlineReached { deadline: self.long("deadline")? },
+            _ => Body::ProbeFailed {
+                attempt: self.int("attempt")?,
+                error_class: self.symbol("error_class", &ProbeErrorClass::ALL)?,
+                detail: self.string("detail")?,
+            },
         })
     }
 }
@@ -319,6 +326,12 @@ pub(super) fn encode(ev: &Event, out: &mut Vec<u8>) {
         Body::DeadlineReached { deadline } => {
             w.long(9);
             w.long(*deadline);
+        }
+        Body::ProbeFailed { attempt, error_class, detail } => {
+            w.long(10);
+            w.long((*attempt).into());
+            w.long(*error_class as i64);
+            w.string(detail);
         }
     }
 }

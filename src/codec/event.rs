@@ -6,7 +6,9 @@
 use apache_avro::types::Value;
 
 use super::error::DecodeError;
-use crate::core::event::{Body, Decision, EffectObserved, ErrorClass, Event, EvidenceSource, Requested};
+use crate::core::event::{
+    Body, Decision, EffectObserved, ErrorClass, Event, EvidenceSource, ProbeErrorClass, Requested,
+};
 
 type Fields = Vec<(String, Value)>;
 
@@ -110,7 +112,7 @@ fn source(fields: &mut Fields) -> Result<EvidenceSource, DecodeError> {
 }
 
 /// The body union's branches, in schema order.
-const BODY_BRANCHES: [&str; 10] = [
+const BODY_BRANCHES: [&str; 11] = [
     "Requested",
     "Started",
     "AttemptFailed",
@@ -121,6 +123,7 @@ const BODY_BRANCHES: [&str; 10] = [
     "Cancelled",
     "ManualDecision",
     "DeadlineReached",
+    "ProbeFailed",
 ];
 
 fn body(v: Value) -> Result<Body, DecodeError> {
@@ -168,6 +171,11 @@ fn body(v: Value) -> Result<Body, DecodeError> {
             evidence_checked: string_array(f, "evidence_checked")?,
         },
         "DeadlineReached" => Body::DeadlineReached { deadline: long(f, "deadline")? },
+        "ProbeFailed" => Body::ProbeFailed {
+            attempt: int(f, "attempt")?,
+            error_class: variant(f, "error_class", &ProbeErrorClass::ALL, ProbeErrorClass::as_str)?,
+            detail: string(f, "detail")?,
+        },
         _ => return Err(invalid("body", format!("unknown union branch {index}"))),
     })
 }
@@ -287,6 +295,11 @@ pub(super) fn event_to_value(ev: &Event) -> Value {
             ("evidence_checked", Value::Array(evidence_checked.iter().map(|e| s(e)).collect())),
         ]),
         Body::DeadlineReached { deadline } => rec(vec![("deadline", Value::TimestampMillis(*deadline))]),
+        Body::ProbeFailed { attempt, error_class, detail } => rec(vec![
+            ("attempt", Value::Int(*attempt)),
+            ("error_class", enum_value(*error_class as usize, error_class.as_str())),
+            ("detail", s(detail)),
+        ]),
     };
     let branch = BODY_BRANCHES.iter().position(|b| *b == ev.body.name()).expect("every body is a branch") as u32;
     rec(vec![

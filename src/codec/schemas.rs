@@ -42,8 +42,14 @@ type SchemaFile = (&'static str, &'static str, SchemaKind, bool);
 
 /// The files of `schemas/`, embedded so the binary carries its contract.
 /// Older versions stay listed so records written with them still decode.
-pub const SCHEMA_FILES: [SchemaFile; 6] = [
+pub const SCHEMA_FILES: [SchemaFile; 7] = [
     ("operation_event.avsc", include_str!("../../schemas/operation_event.avsc"), SchemaKind::OperationEvent, true),
+    (
+        "history/operation_event.v2.avsc",
+        include_str!("../../schemas/history/operation_event.v2.avsc"),
+        SchemaKind::OperationEvent,
+        false,
+    ),
     (
         "history/operation_event.v1.avsc",
         include_str!("../../schemas/history/operation_event.v1.avsc"),

@@ -207,7 +207,9 @@ fn duplicate_delivery(op: &mut OperationState, ev: &Event, pos: SourcePos, out: 
 fn redact_body(policy: &Policy, body: &mut Body) {
     let r = &policy.redactor;
     match body {
-        Body::AttemptFailed { detail, .. } | Body::OutcomeUnknown { detail, .. } => r.redact_in_place(detail),
+        Body::AttemptFailed { detail, .. } | Body::OutcomeUnknown { detail, .. } | Body::ProbeFailed { detail, .. } => {
+            r.redact_in_place(detail)
+        }
         Body::EffectObserved(o) => {
             if let Some(e) = o.evidence_ref.as_mut() {
                 r.redact_in_place(e)

@@ -70,6 +70,28 @@ named_enum! {
 }
 
 named_enum! {
+    /// Why a query of the destination gave no answer (`ProbeFailed`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+    pub enum ProbeErrorClass {
+        /// No answer within the destination's timeout.
+        Timeout => "TIMEOUT",
+        /// Connection refused or reset, or a 5xx.
+        Unavailable => "UNAVAILABLE",
+        /// 429 (or its equivalent) past the retry budget.
+        Throttled => "THROTTLED",
+        /// The destination refused the query (a 4xx other than "absent", an SQL error).
+        Rejected => "REJECTED",
+        /// An answer without the configured fields, or with the wrong types.
+        MalformedAnswer => "MALFORMED_ANSWER",
+        /// The destination's circuit breaker was open.
+        CircuitOpen => "CIRCUIT_OPEN",
+        /// No `[destinations.<name>]` for the operation's destination.
+        UnknownDestination => "UNKNOWN_DESTINATION",
+    }
+}
+
+named_enum! {
     /// A person's decision for an operation in manual review.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
     #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -211,6 +233,17 @@ pub enum Body {
         /// The timer's due time (event time).
         deadline: i64,
     },
+    /// Written by the probe worker when its queries of the destination all
+    /// failed: no evidence either way. Recorded (explain shows it); the
+    /// operation's follow-up deadline escalates the unanswered probe.
+    ProbeFailed {
+        /// How many queries were made for the probe request.
+        attempt: i32,
+        /// Why the destination gave no answer.
+        error_class: ProbeErrorClass,
+        /// What failed, for a person (redacted).
+        detail: String,
+    },
 }
 
 impl Body {
@@ -227,6 +260,7 @@ impl Body {
             Body::Cancelled { .. } => "Cancelled",
             Body::ManualDecision { .. } => "ManualDecision",
             Body::DeadlineReached { .. } => "DeadlineReached",
+            Body::ProbeFailed { .. } => "ProbeFailed",
         }
     }
 }

@@ -62,7 +62,7 @@ mod tests {
     use serde::de::DeserializeOwned;
     use serde::Serialize;
 
-    use crate::core::event::{Decision, ErrorClass, EvidenceSource};
+    use crate::core::event::{Decision, ErrorClass, EvidenceSource, ProbeErrorClass};
     use crate::core::output::{Action, AnomalyKind, Escalation, Outcome, RepairAction, Status};
     use crate::core::Disposition;
 
@@ -92,6 +92,7 @@ mod tests {
         check(&Decision::ALL, Decision::as_str, |v| v as usize);
         check(&ErrorClass::ALL, ErrorClass::as_str, |v| v as usize);
         check(&EvidenceSource::ALL, EvidenceSource::as_str, |v| v as usize);
+        check(&ProbeErrorClass::ALL, ProbeErrorClass::as_str, |v| v as usize);
         check(&Disposition::ALL, Disposition::as_str, |v| v as usize);
     }
 

@@ -534,6 +534,11 @@ impl OperationState {
             // Timers are handled by `apply` before admission; one never
             // reaches the state machine.
             Body::DeadlineReached { .. } => return false,
+            // No evidence either way: the state stays as it is (the timeline
+            // keeps the failure for explain) and the follow-up deadline the
+            // PROBE verdict armed escalates the case if nothing else comes.
+            // A failure that arrives after the case was settled is harmless.
+            Body::ProbeFailed { .. } => return status != Status::Unrequested,
         }
         true
     }

@@ -287,7 +287,8 @@ named_enum! {
     }
 }
 
-/// Published in `act` mode for REQUEUE and PROBE verdicts.
+/// Published for PROBE verdicts in every mode, for REQUEUE verdicts in `act`
+/// mode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepairCommand {
     /// Deterministic id (UUIDv5 of the verdict id): a re-published command

@@ -17,7 +17,7 @@ use super::policy::Policy;
 /// Namespace of every id the reconciler derives.
 const NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_9a52_3c0e_4f7e_9d8b_0b7a_52e1_c4a9);
 
-fn derive_id(parts: &[&str]) -> String {
+pub(crate) fn derive_id(parts: &[&str]) -> String {
     Uuid::new_v5(&NAMESPACE, parts.join("\u{1f}").as_bytes()).to_string()
 }
 
@@ -90,7 +90,10 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
         decided_at: d.trigger.at,
     });
     out.push(Output::Verdict(verdict));
-    if policy.act && d.action.is_automatable() {
+    // A probe only reads the destination, so its command is published in
+    // observe mode too (the probe worker answers it); a requeue changes the
+    // world and waits for act mode (SPEC §6).
+    if d.action == Action::Probe || (policy.act && d.action.is_automatable()) {
         let action = if d.action == Action::Requeue { RepairAction::Requeue } else { RepairAction::Probe };
         let req = op.request.as_ref();
         out.push(Output::Command(RepairCommand {

@@ -88,6 +88,34 @@ pub struct Server {
 impl Server {
     /// Listens on `addr` (port 0 picks a free one) and serves in a thread.
     pub fn start(addr: SocketAddr, state: AppState) -> Result<Server, HttpError> {
+        if state.cfg.http.token.is_none() {
+            info!("No http.token configured: resolve and redrive over HTTP are disabled");
+        }
+        let server = Server::serve(addr, router(state))?;
+        info!(addr = %server.addr, "HTTP server listening (/metrics, /healthz, /readyz, /api, /)");
+        Ok(server)
+    }
+
+    /// `/metrics` (the text of `registry`) and `/healthz` only: the server
+    /// of a process without a pipeline (`reconciler probe`).
+    pub fn metrics_only(addr: SocketAddr, registry: prometheus::Registry) -> Result<Server, HttpError> {
+        let render = move || async move {
+            let mut buf = Vec::new();
+            let text = prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &registry.gather(), &mut buf)
+                .map(|()| buf);
+            let body = String::from_utf8(text.expect("text encoding cannot fail")).expect("the text format is UTF-8");
+            ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response()
+        };
+        let app = Router::new()
+            .route("/metrics", get(render))
+            .route("/healthz", get(healthz))
+            .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") });
+        let server = Server::serve(addr, app)?;
+        info!(addr = %server.addr, "HTTP server listening (/metrics, /healthz)");
+        Ok(server)
+    }
+
+    fn serve(addr: SocketAddr, app: Router) -> Result<Server, HttpError> {
         // Bound here, synchronously, so that a taken port fails the start
         // with the address named.
         let listener = std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
@@ -100,11 +128,7 @@ impl Server {
             .thread_name("http-blocking")
             .build()
             .map_err(HttpError::Runtime)?;
-        if state.cfg.http.token.is_none() {
-            info!("No http.token configured: resolve and redrive over HTTP are disabled");
-        }
         let (tx, rx) = oneshot::channel::<()>();
-        let app = router(state);
         let thread = std::thread::Builder::new()
             .name("http".into())
             .spawn(move || {
@@ -122,7 +146,6 @@ impl Server {
                 })
             })
             .map_err(HttpError::Runtime)?;
-        info!(%addr, "HTTP server listening (/metrics, /healthz, /readyz, /api, /)");
         Ok(Server { addr, shutdown: Some(tx), thread: Some(thread) })
     }
 

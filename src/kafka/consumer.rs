@@ -50,8 +50,9 @@ pub struct Assignment {
 }
 
 /// Where an assigned partition starts (`Ok(None)`: at its beginning), from
-/// the pipeline's state; an error stops the member.
-pub type StartOffsets = Box<dyn Fn(i32) -> Result<Option<i64>, String> + Send + Sync>;
+/// the member's own state, given the partition and the group's committed
+/// offset of it (if any); an error stops the member.
+pub type StartOffsets = Box<dyn Fn(i32, Option<i64>) -> Result<Option<i64>, String> + Send + Sync>;
 
 /// Run in the revoke callback before the partitions are released. It
 /// finishes the batch whose outputs are in flight (waits for their
@@ -79,7 +80,7 @@ impl ConsumerContext for GroupContext {
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 let committed = self.committed(consumer, &partitions);
                 for p in partitions {
-                    let start = match (self.start_offsets)(p) {
+                    let start = match (self.start_offsets)(p, committed.get(&p).copied()) {
                         Ok(n) => n,
                         Err(e) => {
                             a.fatal = Some(format!("the start offset of partition {p}: {e}"));

@@ -33,7 +33,10 @@ use prometheus::{
 };
 
 use crate::core::event::ErrorClass;
+
+mod probe;
 use crate::core::{Disposition, Escalation, OperationState, Output, RepairAction, Status};
+pub use probe::{ProbeMetrics, ProbeResult, UNKNOWN_DESTINATION};
 
 /// The label of operation types (and error codes) beyond the bound.
 pub const OTHER_TYPE: &str = "other";
@@ -596,6 +599,12 @@ impl Metrics {
             &self.scan_operations,
         ];
         all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
+    }
+
+    /// The registry, for metrics registered next to the pipeline's (the
+    /// probe worker's inside `run`).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// Everything in the Prometheus text exposition format.

@@ -228,9 +228,10 @@ impl Pipeline {
         });
         let publisher = Arc::new(Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?);
         // Each partition starts where its state says (the offsets live
-        // beside the state, written in the same batch).
+        // beside the state, written in the same batch; the group's
+        // committed offset only decides what is restored silently).
         let offsets = store.clone();
-        let start = Box::new(move |p| offsets.next_offset(p).map_err(|e| e.to_string()));
+        let start = Box::new(move |p, _committed| offsets.next_offset(p).map_err(|e| e.to_string()));
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
         let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
         let fence = restore::Fence::new(&cfg.kafka);

@@ -290,6 +290,9 @@ fn write_summary(out: &mut Vec<u8>, body: &Body) {
         Body::Cancelled { reason } => write!(out, "cancelled: {reason}"),
         Body::ManualDecision { actor, decision, .. } => write!(out, "{} by {actor}", decision.as_str()),
         Body::DeadlineReached { deadline } => write!(out, "deadline {deadline} reached"),
+        Body::ProbeFailed { attempt, error_class, detail } => {
+            write!(out, "probe failed after {attempt} attempt(s): {} ({detail})", error_class.as_str())
+        }
     };
     written.expect("writing to a vector");
 }

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::core::redact::{Redactor, DEFAULT_PATTERNS};
 use crate::core::{Policy, TypePolicy};
 
+mod probe;
+pub use probe::{expand_env, placeholders, DestinationConfig, DestinationKind, ProbeConfig, PROBE_PARAMS};
+
 /// A configuration that cannot be used; the message names the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -31,15 +34,17 @@ pub enum ConfigError {
     },
 }
 
-/// `observe` publishes verdicts only; `act` also publishes repair commands.
+/// `observe` publishes verdicts and read-only PROBE commands; `act` also
+/// publishes REQUEUE commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
-    /// Verdicts, anomalies and dead letters only (the default): nothing on the
-    /// commands topic.
+    /// Verdicts, anomalies and dead letters (the default); on the commands
+    /// topic only PROBE commands, which read the destination and change
+    /// nothing (`reconciler probe` answers them).
     Observe,
-    /// Also a repair command for each REQUEUE or PROBE verdict, for a worker to
-    /// carry out (SPEC §6).
+    /// Also a REQUEUE command for each REQUEUE verdict, for a worker to carry
+    /// out (SPEC §6).
     Act,
 }
 
@@ -311,8 +316,8 @@ impl Default for StoreTuning {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// `observe` (the default) or `act`: whether repair commands are published
-    /// (SPEC §6).
+    /// `observe` (the default) or `act`: whether REQUEUE commands are
+    /// published (SPEC §6; PROBE commands are published in both).
     pub mode: Mode,
     /// Delivery guarantee of the outputs (SPEC §9).
     pub guarantee: Guarantee,
@@ -340,6 +345,11 @@ pub struct Config {
     pub http: Http,
     /// Label bounds and refresh rates of the Prometheus metrics (`[metrics]`).
     pub metrics: MetricsConfig,
+    /// The probe worker (`[probe]`).
+    pub probe: ProbeConfig,
+    /// The destinations the probe worker can query, by the name services
+    /// put in `Requested.destination` (`[destinations.<name>]`).
+    pub destinations: BTreeMap<String, DestinationConfig>,
 }
 
 impl Default for Config {
@@ -358,6 +368,8 @@ impl Default for Config {
             kafka: BTreeMap::from([("bootstrap.servers".to_owned(), "127.0.0.1:9092".to_owned())]),
             http: Http::default(),
             metrics: MetricsConfig::default(),
+            probe: ProbeConfig::default(),
+            destinations: BTreeMap::new(),
         }
     }
 }
@@ -467,6 +479,10 @@ impl Config {
         }
         if !self.kafka.contains_key("bootstrap.servers") {
             return Err(invalid("kafka.bootstrap.servers", "is required"));
+        }
+        self.probe.validate()?;
+        for (name, d) in &self.destinations {
+            d.validate(name)?;
         }
         Ok(())
     }

@@ -1,0 +1,383 @@
+//! The worker loop: a consumer-group member on the commands topic that
+//! answers each PROBE command by querying its destination and publishing
+//! the answer to the input topic.
+//!
+//! The loop itself is blocking, like the pipeline's; the queries run on a
+//! small tokio runtime, many at once, and come back through a channel.
+//! Commands finish out of order; a partition's offset only moves past a
+//! contiguous run of finished commands, so a restart never skips one.
+//!
+//! Order of writes for each answer: the ledger (synced), then the input
+//! topic (acknowledged), then the ledger's offset. A kill between any two
+//! re-reads the command and re-publishes the stored answer unchanged.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use crate::clock::now_ms;
+use crate::codec::Codec;
+use crate::config::{Config, ConfigError};
+use crate::core::redact::Redactor;
+use crate::core::{RepairAction, RepairCommand};
+use crate::kafka::consumer::GroupConsumer;
+use crate::kafka::producer::Publisher;
+use crate::kafka::KafkaError;
+use crate::metrics::{ProbeMetrics, ProbeResult};
+use crate::records::OutboxRecord;
+
+use super::answer::{answer_event, Outcome};
+use super::destination::{Adapter, Finding, ProbeError};
+use super::guard::{backoff, Guard};
+use super::ledger::{Ledger, LedgerError};
+use crate::core::event::ProbeErrorClass;
+
+/// Why the worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A destination or the worker is misconfigured.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The broker failed.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// The worker's store failed.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The query runtime could not start.
+    #[error("starting the probe runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// An answer could not be encoded (a bug: the event is built here).
+    #[error("encoding an answer: {0}")]
+    Encode(#[from] crate::codec::EncodeError),
+}
+
+impl WorkerError {
+    /// Whether starting the worker again may help.
+    pub fn retriable(&self) -> bool {
+        match self {
+            WorkerError::Kafka(e) => e.retriable(),
+            WorkerError::Ledger(_) | WorkerError::Runtime(_) => true,
+            WorkerError::Config(_) | WorkerError::Encode(_) => false,
+        }
+    }
+}
+
+/// One destination: how to ask it and the limits of asking.
+struct Destination {
+    adapter: Adapter,
+    guard: Guard,
+}
+
+/// The retry budget of a probe request.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    max_attempts: u32,
+    initial: Duration,
+    max: Duration,
+}
+
+/// A probe request that finished: where its command was and its outcome.
+struct Done {
+    partition: i32,
+    offset: i64,
+    cmd: RepairCommand,
+    outcome: Outcome,
+    at: i64,
+}
+
+/// What the loop knows of a partition: the offsets handed out and not yet
+/// finished, the highest offset seen, and the commands finished (and their
+/// answers stored) since the offset last moved.
+#[derive(Default)]
+struct PartitionProgress {
+    open: BTreeSet<i64>,
+    next: i64,
+    answered: Vec<(i64, String)>,
+}
+
+impl PartitionProgress {
+    /// The next offset to start from: the oldest unfinished one, or past
+    /// everything seen.
+    fn frontier(&self) -> i64 {
+        self.open.first().copied().unwrap_or(self.next)
+    }
+}
+
+/// The probe worker.
+pub struct ProbeWorker {
+    cfg: Config,
+    codec: Codec,
+    redactor: Redactor,
+    ledger: Arc<Ledger>,
+    destinations: Arc<BTreeMap<String, Arc<Destination>>>,
+    metrics: Arc<ProbeMetrics>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl ProbeWorker {
+    /// A worker for `cfg`'s destinations, its metrics registered in
+    /// `registry`. Secrets are read and the store opened here: a missing
+    /// environment variable fails now, with the field named.
+    pub fn new(cfg: Config, registry: &prometheus::Registry) -> Result<ProbeWorker, WorkerError> {
+        cfg.validate()?;
+        let mut destinations = BTreeMap::new();
+        for (name, d) in &cfg.destinations {
+            let dest = Destination { adapter: Adapter::build(name, d)?, guard: Guard::new(d) };
+            destinations.insert(name.clone(), Arc::new(dest));
+        }
+        std::fs::create_dir_all(&cfg.probe.state_dir).map_err(|e| ConfigError::Invalid {
+            field: "probe.state_dir".into(),
+            reason: format!("cannot create {}: {e}", cfg.probe.state_dir.display()),
+        })?;
+        let ledger = Arc::new(Ledger::open(&cfg.probe.state_dir)?);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("probe")
+            .enable_all()
+            .build()
+            .map_err(WorkerError::Runtime)?;
+        let metrics = Arc::new(ProbeMetrics::new(registry, cfg.destinations.keys().cloned()));
+        let redactor = cfg.policy().redactor;
+        Ok(ProbeWorker {
+            cfg,
+            codec: Codec::new(),
+            redactor,
+            ledger,
+            destinations: Arc::new(destinations),
+            metrics,
+            runtime,
+        })
+    }
+
+    /// The worker's metrics.
+    pub fn metrics(&self) -> Arc<ProbeMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Answers commands until `shutdown` is set. Requests in flight at
+    /// shutdown are left unfinished: the next start reads them again.
+    pub fn run(&mut self, shutdown: &AtomicBool) -> Result<(), WorkerError> {
+        let cfg = &self.cfg;
+        let ledger = self.ledger.clone();
+        // Where the worker left off, or where the group did (another
+        // instance had the partition), whichever is further.
+        let start = Box::new(move |p, committed: Option<i64>| {
+            let own = ledger.next_offset(p).map_err(|e| e.to_string())?;
+            Ok(own.max(committed))
+        });
+        let consumer = GroupConsumer::new(&cfg.kafka, &cfg.probe.group_id, &cfg.topics.commands, start)?;
+        let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
+        let budget = Budget {
+            max_attempts: cfg.probe.max_attempts,
+            initial: Duration::from_millis(cfg.probe.backoff_initial_ms),
+            max: Duration::from_millis(cfg.probe.backoff_max_ms),
+        };
+        let max_in_flight = cfg.probe.max_in_flight;
+        let (tx, rx) = channel::<Done>();
+        let mut progress: BTreeMap<i32, PartitionProgress> = BTreeMap::new();
+        let mut in_flight = 0usize;
+        info!(group = %cfg.probe.group_id, topic = %cfg.topics.commands, destinations = self.destinations.len(), "Probe worker started");
+        let mut last_circuits = Instant::now();
+        while !shutdown.load(Ordering::Relaxed) {
+            let room = max_in_flight.saturating_sub(in_flight);
+            let mut finished = Vec::new();
+            if room > 0 {
+                let wait = if in_flight > 0 { Duration::ZERO } else { Duration::from_millis(100) };
+                let (records, revoked) = consumer.poll_batch(room, wait)?;
+                if revoked {
+                    let owned = consumer.assignment.lock().expect("not poisoned").owned.clone();
+                    progress.retain(|p, _| owned.contains_key(p));
+                }
+                for r in records {
+                    let p = progress.entry(r.partition).or_default();
+                    p.open.insert(r.offset);
+                    p.next = p.next.max(r.offset + 1);
+                    match self.start(&r, budget, &tx)? {
+                        Started::Skipped => {
+                            p.open.remove(&r.offset);
+                        }
+                        Started::Stored(cmd, record) => finished.push((r.partition, r.offset, cmd, record)),
+                        Started::Querying => in_flight += 1,
+                    }
+                }
+            }
+            let mut done: Vec<Done> = Vec::new();
+            if in_flight > 0 && finished.is_empty() {
+                match rx.recv_timeout(Duration::from_millis(if room > 0 { 5 } else { 50 })) {
+                    Ok(d) => done.push(d),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => unreachable!("the loop holds a sender"),
+                }
+            }
+            done.extend(rx.try_iter());
+            in_flight -= done.len();
+            self.finish(done, &mut finished)?;
+            if !finished.is_empty() {
+                let records: Vec<&OutboxRecord> = finished.iter().map(|(_, _, _, r)| r).collect();
+                publisher.publish_all(records.into_iter().map(|r| (r, None)))?;
+                for (partition, offset, command_id, _) in finished {
+                    if let Some(p) = progress.get_mut(&partition) {
+                        p.open.remove(&offset);
+                        p.answered.push((offset, command_id));
+                    }
+                }
+            }
+            self.advance(&consumer, &mut progress)?;
+            if last_circuits.elapsed() >= Duration::from_secs(1) {
+                for (name, d) in self.destinations.iter() {
+                    self.metrics.circuit(name, d.guard.circuit_open());
+                }
+                last_circuits = Instant::now();
+            }
+        }
+        info!(in_flight, "Probe worker stopping; unfinished requests are answered after the next start");
+        Ok(())
+    }
+
+    /// Takes record `r` of the commands topic: a probe request starts its
+    /// queries, one already answered is republished from the ledger, and
+    /// anything else is skipped.
+    fn start(&self, r: &crate::records::Record, budget: Budget, tx: &Sender<Done>) -> Result<Started, WorkerError> {
+        let cmd = match r.value.as_deref().map(|v| self.codec.decode_command(v)) {
+            Some(Ok(c)) => c,
+            other => {
+                let why = match other {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "a null value".into(),
+                };
+                warn!(partition = r.partition, offset = r.offset, error = %why, "Skipping an undecodable command");
+                self.metrics.skipped("undecodable");
+                return Ok(Started::Skipped);
+            }
+        };
+        if cmd.action != RepairAction::Probe {
+            self.metrics.skipped("requeue");
+            return Ok(Started::Skipped);
+        }
+        if let Some((key, value)) = self.ledger.answer(&cmd.command_id)? {
+            self.metrics.republished(&cmd.destination);
+            let record = OutboxRecord {
+                topic: self.cfg.topics.events.clone(),
+                key: Some(key),
+                value: Some(value),
+                headers: Vec::new(),
+            };
+            return Ok(Started::Stored(cmd.command_id, record));
+        }
+        let dest = self.destinations.get(&cmd.destination).cloned();
+        let metrics = self.metrics.clone();
+        let tx = tx.clone();
+        let (partition, offset) = (r.partition, r.offset);
+        self.runtime.spawn(async move {
+            metrics.in_flight(&cmd.destination, 1);
+            let outcome = match dest {
+                Some(d) => probe(&d, &cmd, budget, &metrics).await,
+                None => Err((
+                    0,
+                    ProbeError::new(
+                        ProbeErrorClass::UnknownDestination,
+                        format!("no [destinations.{}] is configured", cmd.destination),
+                    ),
+                )),
+            };
+            metrics.in_flight(&cmd.destination, -1);
+            // The loop outlives its tasks unless it is stopping; then the
+            // request is answered after the next start.
+            let _ = tx.send(Done { partition, offset, cmd, outcome, at: now_ms() });
+        });
+        Ok(Started::Querying)
+    }
+
+    /// Turns finished requests into answer records, stored in the ledger
+    /// (synced) before anything is published.
+    fn finish(&self, done: Vec<Done>, finished: &mut Vec<(i32, i64, String, OutboxRecord)>) -> Result<(), WorkerError> {
+        if done.is_empty() {
+            return Ok(());
+        }
+        let mut records = Vec::with_capacity(done.len());
+        for d in done {
+            let ev = answer_event(&d.cmd, &d.outcome, d.at, &self.redactor);
+            let record = crate::records::event_record(&self.codec, &self.cfg.topics.events, &ev)?;
+            let result = match &d.outcome {
+                Ok((_, a)) if matches!(a.finding, Finding::Absent) => ProbeResult::Absent,
+                Ok(_) => ProbeResult::Observed,
+                Err((_, e)) => {
+                    warn!(command = %d.cmd.command_id, destination = %d.cmd.destination, class = e.class.as_str(), detail = %e.detail, "Probe failed");
+                    ProbeResult::Failed
+                }
+            };
+            self.metrics.probe(&d.cmd.destination, result);
+            records.push((d.partition, d.offset, d.cmd.command_id, record));
+        }
+        self.ledger.record(records.iter().map(|(_, _, id, r)| {
+            (id.as_str(), r.key.as_deref().unwrap_or_default(), r.value.as_deref().unwrap_or_default())
+        }))?;
+        finished.extend(records);
+        Ok(())
+    }
+
+    /// Moves each partition's offset past its contiguous finished commands
+    /// (ledger first, then the group's offset for lag and other instances).
+    fn advance(
+        &self,
+        consumer: &GroupConsumer,
+        progress: &mut BTreeMap<i32, PartitionProgress>,
+    ) -> Result<(), WorkerError> {
+        let mut commit = BTreeMap::new();
+        for (partition, p) in progress.iter_mut() {
+            let frontier = p.frontier();
+            let (behind, ahead): (Vec<_>, Vec<_>) = p.answered.drain(..).partition(|(o, _)| *o < frontier);
+            p.answered = ahead;
+            let moved = self.ledger.next_offset(*partition)? != Some(frontier);
+            if moved || !behind.is_empty() {
+                self.ledger.advance(*partition, frontier, behind.iter().map(|(_, id)| id.as_str()))?;
+                commit.insert(*partition, frontier);
+            }
+        }
+        if !commit.is_empty() {
+            consumer.commit_for_visibility(&commit);
+        }
+        Ok(())
+    }
+}
+
+/// What became of a command record.
+enum Started {
+    /// Not a probe request (or undecodable): finished at once.
+    Skipped,
+    /// Answered before: its stored answer, to publish again.
+    Stored(String, OutboxRecord),
+    /// Its queries are running.
+    Querying,
+}
+
+/// Queries `dest` about `cmd` until it answers, refuses, or the budget is
+/// spent, backing off between queries.
+async fn probe(dest: &Destination, cmd: &RepairCommand, budget: Budget, metrics: &ProbeMetrics) -> Outcome {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let started = Instant::now();
+        let result = dest.guard.run(dest.adapter.query(cmd)).await;
+        let took = started.elapsed().as_secs_f64();
+        match result {
+            Ok(answer) => {
+                metrics.query(&cmd.destination, None, took);
+                return Ok((attempt, answer));
+            }
+            Err(e) => {
+                metrics.query(&cmd.destination, Some(e.class), took);
+                if !e.retriable() || attempt >= budget.max_attempts {
+                    return Err((attempt, e));
+                }
+                let wait = backoff(attempt, budget.initial, budget.max, e.retry_after, fastrand::f64());
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
