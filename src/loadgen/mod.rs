@@ -7,6 +7,8 @@
 //! - [`publish`](publish()): sends the workload, paced or as fast as possible.
 //! - [`verify`]: reads the output topics back and compares.
 //! - [`passthrough`]: the bare consume→produce baseline of the benchmarks.
+//! - [`destination`]: a small HTTP destination holding known effects, for
+//!   the probe worker to query (demo, workload, tests).
 //!
 //! Time: by default events are stamped hours in the past, so every
 //! confirmation deadline is already due when the pipeline reads them; the
@@ -15,6 +17,7 @@
 //! For latency runs (`--event-time now --rate R`) events carry the time
 //! they are sent, so `received - decided_at` of a verdict is its latency.
 
+pub mod destination;
 pub mod passthrough;
 pub mod rng;
 pub mod scenario;

@@ -31,6 +31,14 @@ pub const CRASH_POINTS: [&str; 6] = [
     "pipeline::restoring",
 ];
 
+/// The crash points of the probe worker (`src/probe/worker.rs`).
+pub const PROBE_CRASH_POINTS: [&str; 2] = [
+    // Answers stored in the worker's ledger; nothing published.
+    "probe::after_ledger",
+    // Answers acknowledged by the broker; the offsets not yet moved.
+    "probe::after_publish",
+];
+
 /// Ends the process at once (SIGABRT: no unwinding, no flush).
 pub fn crash(point: &str) -> ! {
     eprintln!("crash point {point} reached: aborting");

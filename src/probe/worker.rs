@@ -28,6 +28,7 @@ use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::producer::Publisher;
 use crate::kafka::KafkaError;
 use crate::metrics::{ProbeMetrics, ProbeResult};
+use crate::pipeline::faults;
 use crate::records::OutboxRecord;
 
 use super::answer::{answer_event, Outcome};
@@ -170,6 +171,10 @@ impl ProbeWorker {
             let own = ledger.next_offset(p).map_err(|e| e.to_string())?;
             Ok(own.max(committed))
         });
+        // Started before the pipeline, the worker creates the topics it
+        // reads and writes, as the pipeline would.
+        let t = &cfg.topics;
+        crate::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.probe.group_id, &cfg.topics.commands, start)?;
         let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
         let budget = Budget {
@@ -218,8 +223,10 @@ impl ProbeWorker {
             in_flight -= done.len();
             self.finish(done, &mut finished)?;
             if !finished.is_empty() {
+                faults::point("probe::after_ledger");
                 let records: Vec<&OutboxRecord> = finished.iter().map(|(_, _, _, r)| r).collect();
                 publisher.publish_all(records.into_iter().map(|r| (r, None)))?;
+                faults::point("probe::after_publish");
                 for (partition, offset, command_id, _) in finished {
                     if let Some(p) = progress.get_mut(&partition) {
                         p.open.remove(&offset);

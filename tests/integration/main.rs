@@ -18,6 +18,7 @@ mod interop;
 mod loadgen;
 mod operator;
 mod pipeline;
+mod probe;
 mod prometheus;
 mod reliability;
 
@@ -31,4 +32,11 @@ const _: () = assert!(reconciler::pipeline::faults::ARMED, "the crash points are
 #[ignore = "the child process of the suites (tests/integration/common/child.rs)"]
 fn child_instance() {
     common::child::child_main();
+}
+
+/// The body of the probe worker child processes the kill -9 suite starts.
+#[test]
+#[ignore = "the child process of the probe suite (tests/integration/common/child.rs)"]
+fn probe_child_instance() {
+    common::child::probe_child_main();
 }

@@ -189,3 +189,45 @@ pub fn signal(pid: u32, name: &str) {
 pub fn tail(log: &Path) -> String {
     std::fs::read_to_string(log).unwrap_or_default().lines().rev().take(25).collect::<Vec<_>>().join("\n")
 }
+
+const PROBE_CHILD_CONFIG: &str = "PROBE_CHILD_CONFIG";
+
+/// The body of the `probe_child_instance` test: `reconciler probe` with the
+/// config file named by the environment, until SIGTERM (crash points armed
+/// by `FAILPOINTS`).
+pub fn probe_child_main() {
+    let Some(config) = std::env::var_os(PROBE_CHILD_CONFIG) else { return };
+    let _failpoints = fail::FailScenario::setup();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("RECONCILER_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cfg = Config::load(Some(Path::new(&config))).expect("child config loads");
+    let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone()).unwrap();
+    let registry = ::prometheus::Registry::new();
+    let mut worker = reconciler::probe::ProbeWorker::new(cfg, &registry).expect("probe worker starts");
+    worker.run(&shutdown).expect("probe worker runs");
+}
+
+/// Writes the whole of `cfg` as a TOML file the binary reads.
+pub fn write_full_config(cfg: &Config, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let file = dir.join("reconciler.toml");
+    std::fs::write(&file, toml::to_string(cfg).unwrap()).unwrap();
+    file
+}
+
+/// Starts a `reconciler probe` child on `config`, `failpoints` armed when
+/// given, logging to `log`.
+pub fn spawn_probe(config: &Path, failpoints: Option<&str>, log: &Path) -> Instance {
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "probe_child_instance", "--ignored", "--nocapture", "--test-threads=1"]);
+    cmd.env(PROBE_CHILD_CONFIG, config).env("RECONCILER_LOG", "info").env_remove("FAILPOINTS");
+    if let Some(f) = failpoints {
+        cmd.env("FAILPOINTS", f);
+    }
+    let child = cmd.stdout(Stdio::null()).stderr(out).spawn().unwrap();
+    Instance { child, log: log.to_owned(), ready_file: log.with_extension("no-ready-file") }
+}

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod child;
+pub mod postgres;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
