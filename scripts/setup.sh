@@ -39,6 +39,9 @@ if [ "$mode" = "--tests" ]; then
   # panel's browser test drives Debian's Chromium through playwright-core;
   # Node.js also reads the deployment files' YAML (tests/deploy.rs).
   missing=()
+  # PostgreSQL: the probe worker's postgres destination is tested against a
+  # throw-away cluster (initdb, pg_ctl) the tests start on a private port.
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)

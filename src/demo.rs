@@ -154,6 +154,20 @@ pub fn workload(start: i64, copies: usize) -> Vec<InputRecord> {
         b.push(e);
         let e = b.ev("reordered", "cust-800", s, Some(2), 10, "e1", started("w-1"));
         b.push(e);
+        // Issue 15: outcome unknown, and the probe worker asks the demo's
+        // destination (see `destination_truth`): it holds the same version,
+        // another version, or nothing.
+        for (op, entity, version) in
+            [("probed-same", "cust-910", 11), ("probed-other", "cust-911", 12), ("probed-absent", "cust-912", 13)]
+        {
+            for (i, body) in [requested(version, true, true), started("w-4"), unknown()].into_iter().enumerate() {
+                let mut e = b.ev(op, entity, s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
+                if let Body::Requested(r) = &mut e.body {
+                    r.idempotency_key = Some(probe_key(op, copy));
+                }
+                b.push(e);
+            }
+        }
         // Redelivered and re-emitted.
         let r = b.ev("redelivered", "cust-900", s, Some(1), 0, "e0", requested(9, true, true));
         b.push(r.clone());
@@ -266,6 +280,34 @@ pub fn workload(start: i64, copies: usize) -> Vec<InputRecord> {
     b.records
 }
 
+/// The idempotency key of probed story `op` in copy `copy`.
+fn probe_key(op: &str, copy: usize) -> String {
+    format!("{op}-{copy}")
+}
+
+/// The destination the demo starts for the probe worker: what `crm` holds
+/// under each idempotency key of the workload. The probed stories find the
+/// expected version (11), another one (12 asked, 9 held) or nothing; the
+/// `silent` stories' destination never answers, so their probes fail and
+/// the cases escalate at their follow-up.
+pub fn destination_truth(copies: usize) -> HashMap<String, Held> {
+    let mut held = HashMap::new();
+    for copy in 0..copies {
+        held.insert(
+            probe_key("probed-same", copy),
+            Held::Present { remote_id: format!("crm-910-{copy}"), version: 11 },
+        );
+        held.insert(
+            probe_key("probed-other", copy),
+            Held::Present { remote_id: format!("crm-911-{copy}"), version: 9 },
+        );
+        held.insert(probe_key("probed-absent", copy), Held::Absent);
+    }
+    // requested(4, ..) of the silent stories.
+    held.insert("idem-v4".into(), Held::Silent);
+    held
+}
+
 /// Per-type confirmation windows of the demo (short, so it ends quickly).
 pub fn demo_types() -> [(&'static str, i64); 2] {
     [("sync_customer", 3_000), ("send_invoice", 4_000)]
@@ -278,12 +320,30 @@ use std::time::Duration;
 
 use crate::clock::system_clock;
 use crate::codec::Codec;
-use crate::config::{Config, TypeConfig};
+use crate::config::{Config, DestinationConfig, DestinationKind, TypeConfig};
 use crate::core::memory::MemoryEngine;
-use crate::core::{Output, Verdict};
+use crate::core::{Output, RepairCommand, SourcePos, Verdict};
 use crate::kafka::producer::Publisher;
 use crate::kafka::reader::TopicReader;
+use crate::loadgen::destination::{DestinationServer, Held};
 use crate::pipeline::{Pipeline, PipelineError};
+use crate::probe::answer::{answer_event, PRODUCER};
+use crate::probe::destination::{Answer, Finding};
+use crate::probe::ProbeWorker;
+
+/// Why the demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The pipeline failed.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    /// The probe worker failed.
+    #[error(transparent)]
+    Probe(#[from] crate::probe::WorkerError),
+    /// The demo's destination service could not start.
+    #[error("starting the demo's destination service: {0}")]
+    Destination(#[source] std::io::Error),
+}
 
 /// What the demo saw on the output topics.
 #[derive(Debug, Default)]
@@ -299,8 +359,33 @@ pub struct DemoReport {
     pub anomalies: BTreeMap<String, usize>,
     /// Records read from the dead-letter topic.
     pub dead_letters: usize,
+    /// The probe worker's answers on the input topic, by body
+    /// (EffectObserved, EffectAbsent, ProbeFailed).
+    pub probe_answers: BTreeMap<String, usize>,
     /// Every predicted verdict arrived before the timeout.
     pub settled: bool,
+}
+
+/// How the demo's probe worker reaches the demo's destination.
+fn demo_destination(server: &DestinationServer) -> DestinationConfig {
+    DestinationConfig {
+        kind: DestinationKind::Http,
+        url: Some(server.url_template()),
+        method: "GET".into(),
+        headers: BTreeMap::new(),
+        absent_status: vec![404],
+        remote_id_pointer: Some("/id".into()),
+        version_pointer: Some("/version".into()),
+        fingerprint_pointer: None,
+        connection_env: None,
+        query: None,
+        params: Vec::new(),
+        timeout_ms: 500,
+        concurrency: 8,
+        rate_per_second: None,
+        failure_threshold: 20,
+        open_for_ms: 5_000,
+    }
 }
 
 /// Adds the demo's per-type windows to a config.
@@ -337,6 +422,63 @@ pub fn predicted_verdicts(cfg: &Config, records: &[InputRecord], start: i64) -> 
         .collect()
 }
 
+/// The verdicts the core predicts when the probe worker answers every PROBE
+/// command from `truth` right after it is issued (before its follow-up):
+/// timers fire in time order, and each PROBE command they produce is
+/// followed by the answer the worker would publish (a silent destination
+/// gives none in time, like an undeclared one).
+pub fn predicted_verdicts_with_probes(
+    cfg: &Config,
+    records: &[InputRecord],
+    start: i64,
+    truth: &HashMap<String, Held>,
+) -> Vec<Verdict> {
+    let policy = cfg.policy();
+    let horizon = start + 3_600_000;
+    let mut engine = MemoryEngine::new();
+    let mut out = Vec::new();
+    let mut offset = 0;
+    let mut pos = move || {
+        offset += 1;
+        SourcePos { partition: 0, offset }
+    };
+    for r in records {
+        if let InputRecord::Event(e) = r {
+            engine.process(&policy, e.clone(), pos(), &mut out);
+        }
+    }
+    let mut seen = 0;
+    while let Some(next) = engine.ops.values().filter_map(|op| op.timer_at).filter(|t| *t <= horizon).min() {
+        engine.run_timers(&policy, next, &mut pos, &mut out);
+        let commands: Vec<RepairCommand> = out[seen..]
+            .iter()
+            .filter_map(|o| match o {
+                Output::Command(c) => Some(c.clone()),
+                _ => None,
+            })
+            .collect();
+        seen = out.len();
+        for c in commands {
+            let finding = match c.idempotency_key.as_ref().and_then(|k| truth.get(k)) {
+                Some(Held::Present { remote_id, version }) => {
+                    Finding::Present { remote_id: Some(remote_id.clone()), version: Some(*version), fingerprint: None }
+                }
+                Some(Held::Silent) => continue,
+                _ => Finding::Absent,
+            };
+            let outcome = Ok((1, Answer { finding, query: String::new() }));
+            let answer = answer_event(&c, &outcome, c.issued_at + 1, &policy.redactor);
+            engine.process(&policy, answer, pos(), &mut out);
+        }
+    }
+    out.into_iter()
+        .filter_map(|o| match o {
+            Output::Verdict(v) => Some(v),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Publishes the workload to the input topic (the entity id as key, except
 /// for the deliberately broken records).
 pub fn publish(cfg: &Config, records: &[InputRecord]) -> Result<usize, PipelineError> {
@@ -348,17 +490,28 @@ pub fn publish(cfg: &Config, records: &[InputRecord]) -> Result<usize, PipelineE
 
 /// Runs the whole demo: publish, run the pipeline until the verdicts the
 /// core predicts have all arrived (or `timeout`), and report what arrived.
-pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport, PipelineError> {
+pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport, DemoError> {
     let start = (system_clock())();
     let records = workload(start, copies);
-    let predicted = predicted_verdicts(cfg, &records, start);
+    // The destination the probe worker asks, and the worker itself.
+    let truth = destination_truth(copies);
+    let destination = DestinationServer::start(truth.clone()).map_err(DemoError::Destination)?;
+    let mut cfg = cfg.clone();
+    cfg.destinations.insert("crm".into(), demo_destination(&destination));
+    cfg.probe.state_dir = cfg.state_dir.join("probe");
+    let cfg = &cfg;
+    let predicted = predicted_verdicts_with_probes(cfg, &records, start, &truth);
     let shutdown = Arc::new(AtomicBool::new(false));
     let mut pipeline = Pipeline::new(cfg.clone(), system_clock())?;
+    let mut prober = ProbeWorker::new(cfg.clone(), &prometheus::Registry::new())?;
     let published = publish(cfg, &records)?;
     let flag = shutdown.clone();
     let worker = std::thread::spawn(move || pipeline.run(&flag).map(|_| pipeline.stats));
+    let flag = shutdown.clone();
+    let probe_thread = std::thread::spawn(move || prober.run(&flag));
     let t = &cfg.topics;
-    let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies, &t.dlq], t.partitions)?;
+    let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies, &t.dlq, &t.events], t.partitions)
+        .map_err(PipelineError::from)?;
     let verdict_topic = t.verdicts.clone();
     let codec = Codec::new();
     let want = predicted.len();
@@ -374,7 +527,20 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
         Ok(r) => {
             r?;
         }
-        Err(_) => return Err(PipelineError::ThreadPanicked("pipeline")),
+        Err(_) => return Err(PipelineError::ThreadPanicked("pipeline").into()),
+    }
+    match probe_thread.join() {
+        Ok(r) => r?,
+        Err(_) => return Err(PipelineError::ThreadPanicked("probe worker").into()),
+    }
+    let mut probe_answers = BTreeMap::new();
+    let mut answer_ids = std::collections::HashSet::new();
+    for r in reader.of(&t.events) {
+        if let Some(e) = r.value.as_deref().and_then(|b| codec.decode_event(b).ok()) {
+            if e.producer == PRODUCER && answer_ids.insert(e.event_id.clone()) {
+                *probe_answers.entry(e.body.name().to_owned()).or_default() += 1;
+            }
+        }
     }
     let mut seen = HashMap::new();
     for r in reader.of(&t.verdicts) {
@@ -399,6 +565,7 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
         verdicts,
         anomalies,
         dead_letters: reader.of(&t.dlq).count(),
+        probe_answers,
         settled,
     })
 }

@@ -30,6 +30,13 @@ pub fn render(r: &DemoReport) -> String {
         let _ = writeln!(s, "  {k:<24} {n:>4}");
     }
     let _ = writeln!(s, "\nDead letters: {}\n", r.dead_letters);
+    let answers: Vec<String> = r.probe_answers.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let _ = writeln!(
+        s,
+        "Probe worker: {} PROBE requests answered by querying the demo's destination ({})\n",
+        r.probe_answers.values().sum::<usize>(),
+        if answers.is_empty() { "none".to_owned() } else { answers.join(", ") }
+    );
     let _ = writeln!(s, "Example verdicts");
     let mut shown = std::collections::BTreeSet::new();
     for v in &r.verdicts {

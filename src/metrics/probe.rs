@@ -109,8 +109,11 @@ impl ProbeMetrics {
             for res in [ProbeResult::Observed, ProbeResult::Absent, ProbeResult::Failed] {
                 m.probes.with_label_values(&[d, res.label()]);
             }
+            m.queries.with_label_values(&[d, "ok"]);
+            m.latency.with_label_values(&[d]);
             m.in_flight.with_label_values(&[d]);
             m.circuit_open.with_label_values(&[d]);
+            m.republished.with_label_values(&[d]);
         }
         m
     }

@@ -23,6 +23,7 @@ use reconciler::core::{Body, Output, SourcePos, Status};
 use reconciler::demo;
 use reconciler::http::{AppState, Server};
 use reconciler::kafka::reader::TopicReader;
+use reconciler::metrics::ProbeMetrics;
 use reconciler::pipeline::Pipeline;
 use reconciler::records::InputRecord;
 
@@ -42,6 +43,9 @@ struct Served {
 impl Served {
     fn start(cfg: &Config) -> Served {
         let mut p = Pipeline::new(cfg.clone(), system_clock()).expect("pipeline starts");
+        // The probe worker's metrics, registered beside the pipeline's as
+        // `run` does with `[probe] enabled` (the dashboard has probe panels).
+        ProbeMetrics::new(p.metrics().registry(), ["crm".to_owned()]);
         let state = AppState::of(&p, cfg.clone(), system_clock());
         let server = Server::start("127.0.0.1:0".parse().unwrap(), state).expect("server starts");
         // Before the loop runs nothing is restored: never ready.
