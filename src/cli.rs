@@ -387,6 +387,20 @@ pub enum LoadgenAction {
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },
+    /// Serve the destination of the workload's `probed` story (what the
+    /// ground truth says it holds) for the probe worker, until interrupted:
+    /// `GET /effects/{idempotency_key}` answers 200 with `{"id", "version"}`
+    /// or 404. Declare it as `[destinations.records]` with that URL.
+    ///
+    /// Example: reconciler loadgen destination --truth truth.json --bind 127.0.0.1:9466
+    Destination {
+        /// The ground-truth file written by `reconciler loadgen --truth`.
+        #[arg(long)]
+        truth: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9466")]
+        bind: std::net::SocketAddr,
+    },
 }
 
 impl From<LoadgenAction> for Action {
@@ -396,6 +410,7 @@ impl From<LoadgenAction> for Action {
                 Action::Verify { truth, timeout_secs, state_dir }
             }
             LoadgenAction::Passthrough { to, count, timeout_secs } => Action::Passthrough { to, count, timeout_secs },
+            LoadgenAction::Destination { truth, bind } => Action::Destination { truth, bind },
         }
     }
 }

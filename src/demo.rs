@@ -322,13 +322,12 @@ use crate::clock::system_clock;
 use crate::codec::Codec;
 use crate::config::{Config, DestinationConfig, DestinationKind, TypeConfig};
 use crate::core::memory::MemoryEngine;
-use crate::core::{Output, RepairCommand, SourcePos, Verdict};
+use crate::core::{Output, Verdict};
 use crate::kafka::producer::Publisher;
 use crate::kafka::reader::TopicReader;
 use crate::loadgen::destination::{DestinationServer, Held};
 use crate::pipeline::{Pipeline, PipelineError};
-use crate::probe::answer::{answer_event, PRODUCER};
-use crate::probe::destination::{Answer, Finding};
+use crate::probe::answer::PRODUCER;
 use crate::probe::ProbeWorker;
 
 /// Why the demo could not run.
@@ -423,55 +422,20 @@ pub fn predicted_verdicts(cfg: &Config, records: &[InputRecord], start: i64) -> 
 }
 
 /// The verdicts the core predicts when the probe worker answers every PROBE
-/// command from `truth` right after it is issued (before its follow-up):
-/// timers fire in time order, and each PROBE command they produce is
-/// followed by the answer the worker would publish (a silent destination
-/// gives none in time, like an undeclared one).
+/// command from `truth` (the demo's `crm`) right after it is issued, with
+/// every timer up to an hour ahead fired (see
+/// [`replay_with_answers`](crate::loadgen::destination::replay_with_answers)).
 pub fn predicted_verdicts_with_probes(
     cfg: &Config,
     records: &[InputRecord],
     start: i64,
     truth: &HashMap<String, Held>,
 ) -> Vec<Verdict> {
-    let policy = cfg.policy();
-    let horizon = start + 3_600_000;
-    let mut engine = MemoryEngine::new();
-    let mut out = Vec::new();
-    let mut offset = 0;
-    let mut pos = move || {
-        offset += 1;
-        SourcePos { partition: 0, offset }
-    };
-    for r in records {
-        if let InputRecord::Event(e) = r {
-            engine.process(&policy, e.clone(), pos(), &mut out);
-        }
-    }
-    let mut seen = 0;
-    while let Some(next) = engine.ops.values().filter_map(|op| op.timer_at).filter(|t| *t <= horizon).min() {
-        engine.run_timers(&policy, next, &mut pos, &mut out);
-        let commands: Vec<RepairCommand> = out[seen..]
-            .iter()
-            .filter_map(|o| match o {
-                Output::Command(c) => Some(c.clone()),
-                _ => None,
-            })
-            .collect();
-        seen = out.len();
-        for c in commands {
-            let finding = match c.idempotency_key.as_ref().and_then(|k| truth.get(k)) {
-                Some(Held::Present { remote_id, version }) => {
-                    Finding::Present { remote_id: Some(remote_id.clone()), version: Some(*version), fingerprint: None }
-                }
-                Some(Held::Silent) => continue,
-                _ => Finding::Absent,
-            };
-            let outcome = Ok((1, Answer { finding, query: String::new() }));
-            let answer = answer_event(&c, &outcome, c.issued_at + 1, &policy.redactor);
-            engine.process(&policy, answer, pos(), &mut out);
-        }
-    }
-    out.into_iter()
+    let events = records.iter().filter_map(|r| r.event().cloned());
+    let held = HashMap::from([("crm".to_owned(), truth.clone())]);
+    crate::loadgen::destination::replay_with_answers(&cfg.policy(), events, start + 3_600_000, &held)
+        .0
+        .into_iter()
         .filter_map(|o| match o {
             Output::Verdict(v) => Some(v),
             _ => None,

@@ -21,6 +21,11 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::oneshot;
 
+use crate::core::memory::MemoryEngine;
+use crate::core::{Event, Output, Policy, RepairAction, RepairCommand, SourcePos};
+use crate::probe::answer::answer_event;
+use crate::probe::destination::{Answer, Finding};
+
 /// What the destination holds under one idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Held {
@@ -78,7 +83,16 @@ impl DestinationServer {
     /// Serves `held`, each lookup taking `delay` (a slow destination keeps
     /// queries in flight).
     pub fn start_slow(held: HashMap<String, Held>, delay: std::time::Duration) -> std::io::Result<DestinationServer> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        DestinationServer::start_on("127.0.0.1:0".parse().expect("an address"), held, delay)
+    }
+
+    /// Serves `held` on `addr`, each lookup taking `delay`.
+    pub fn start_on(
+        addr: SocketAddr,
+        held: HashMap<String, Held>,
+        delay: std::time::Duration,
+    ) -> std::io::Result<DestinationServer> {
+        let listener = std::net::TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let holdings = Arc::new(Mutex::new(Holdings { held, queries: HashMap::new(), delay }));
@@ -102,6 +116,11 @@ impl DestinationServer {
     /// The URL template a `[destinations.<name>]` of kind http uses for it.
     pub fn url_template(&self) -> String {
         format!("http://{}/effects/{{idempotency_key}}", self.addr)
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// How many times `key` was asked for.
@@ -168,4 +187,64 @@ fn held_answer(held: Held, n: u32) -> Option<Response> {
         }
         Held::Silent => return None,
     })
+}
+
+/// What the probe worker finds under `key` in `held`, once it gets an
+/// answer (`None`: it never does).
+fn finding(held: Option<&Held>) -> Option<Finding> {
+    match held {
+        None | Some(Held::Absent) => Some(Finding::Absent),
+        Some(Held::Present { remote_id, version }) | Some(Held::Flipping { remote_id, version }) => {
+            Some(Finding::Present { remote_id: Some(remote_id.clone()), version: Some(*version), fingerprint: None })
+        }
+        Some(Held::Unavailable { then, .. }) => finding(Some(then)),
+        Some(Held::Silent) => None,
+    }
+}
+
+/// What the core decides for `events` when a probe worker answers every
+/// PROBE command right after it is issued (before its follow-up), from
+/// what each destination holds (`held`, by destination name): timers fire
+/// in event-time order up to `horizon`, and each PROBE command they produce
+/// is followed by the answer the worker publishes. A command to a
+/// destination not in `held`, or to a key that never answers, gets no
+/// answer (the worker's `ProbeFailed` changes nothing). The demo's
+/// prediction and the loadgen truth's offline check use it.
+pub fn replay_with_answers(
+    policy: &Policy,
+    events: impl IntoIterator<Item = Event>,
+    horizon: i64,
+    held: &HashMap<String, HashMap<String, Held>>,
+) -> (Vec<Output>, MemoryEngine) {
+    let mut engine = MemoryEngine::new();
+    let mut out = Vec::new();
+    let mut offset = 0;
+    let mut pos = move || {
+        offset += 1;
+        SourcePos { partition: 0, offset }
+    };
+    for e in events {
+        engine.process(policy, e, pos(), &mut out);
+    }
+    let mut seen = 0;
+    while let Some(next) = engine.ops.values().filter_map(|op| op.timer_at).filter(|t| *t <= horizon).min() {
+        engine.run_timers(policy, next, &mut pos, &mut out);
+        let commands: Vec<RepairCommand> = out[seen..]
+            .iter()
+            .filter_map(|o| match o {
+                Output::Command(c) if c.action == RepairAction::Probe => Some(c.clone()),
+                _ => None,
+            })
+            .collect();
+        seen = out.len();
+        for c in commands {
+            let Some(destination) = held.get(&c.destination) else { continue };
+            let Some(found) = finding(c.idempotency_key.as_ref().and_then(|k| destination.get(k))) else { continue };
+            let outcome = Ok((1, Answer { finding: found, query: String::new() }));
+            let answer = answer_event(&c, &outcome, c.issued_at + 1, &policy.redactor);
+            engine.process(policy, answer, pos(), &mut out);
+            seen = out.len();
+        }
+    }
+    (out, engine)
 }

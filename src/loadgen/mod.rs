@@ -107,6 +107,14 @@ pub enum Action {
         /// The state directory of the run to check.
         state_dir: Option<std::path::PathBuf>,
     },
+    /// Serve the `probed` story's destination from a ground truth until
+    /// the process is interrupted.
+    Destination {
+        /// The ground-truth file.
+        truth: std::path::PathBuf,
+        /// Address to listen on.
+        bind: std::net::SocketAddr,
+    },
     /// Copy `count` records of the input topic to `to` with a bare
     /// consumer and producer (the benchmarks' baseline).
     Passthrough {
@@ -125,6 +133,11 @@ impl Workload {
         self.faults.validate().map_err(LoadgenError::Invalid)?;
         if self.operations == 0 {
             return Err(LoadgenError::Invalid("--operations must be at least 1".into()));
+        }
+        if self.faults.probed > 0.0 && self.event_time == EventTime::Past {
+            return Err(LoadgenError::Invalid(
+                "--probed needs --event-time now: with past event times every follow-up is due at once and would race the probe worker's answer".into(),
+            ));
         }
         if self.confirm_within_ms <= 0 {
             return Err(LoadgenError::Invalid("--confirm-within-ms must be positive".into()));
@@ -269,6 +282,22 @@ pub fn command(cfg: &Config, action: Option<Action>, args: &Workload) -> Result<
         None => {
             crate::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
             let opts = args.options(cfg, now_ms())?;
+            if opts.faults.probed > 0.0 {
+                // The probe worker asks the destination while the workload
+                // is still being sent: its truth must be out first (the
+                // generator is deterministic, a dry pass gives the same).
+                let mut dry = Generator::new(opts.clone());
+                dry.by_ref().for_each(drop);
+                let truth = dry.into_truth();
+                if let Some(path) = &args.truth {
+                    truth.write(path).map_err(|e| LoadgenError::Invalid(format!("writing {}: {e}", path.display())))?;
+                    println!(
+                        "ground truth written to {} before publishing: serve its destination with `reconciler loadgen destination --truth {}`",
+                        path.display(),
+                        path.display()
+                    );
+                }
+            }
             let paced = args.rate > 0;
             let (published, truth) = publish(cfg, Generator::new(opts), paced, !args.quiet)?;
             let secs = published.elapsed.as_secs_f64().max(1e-9);
@@ -315,6 +344,22 @@ pub fn command(cfg: &Config, action: Option<Action>, args: &Workload) -> Result<
                 Ok(())
             } else {
                 Err(LoadgenError::Disagree)
+            }
+        }
+        Some(Action::Destination { truth, bind }) => {
+            let truth = GroundTruth::read(&truth)
+                .map_err(|e| LoadgenError::Invalid(format!("reading {}: {e}", truth.display())))?;
+            let server = destination::DestinationServer::start_on(bind, truth.held(), Duration::ZERO)
+                .map_err(|e| LoadgenError::Invalid(format!("listening on {bind}: {e}")))?;
+            println!(
+                "serving {} effects of destination {} on {} until interrupted",
+                truth.destination.len(),
+                scenario::PROBED_DESTINATION,
+                server.url_template()
+            );
+            loop {
+                // Nothing to do but answer; the signal ends the process.
+                std::thread::park();
             }
         }
         Some(Action::Passthrough { to, count, timeout_secs }) => {

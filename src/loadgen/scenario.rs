@@ -22,7 +22,7 @@ use crate::core::event::{Body, Decision, EffectObserved, ErrorClass, Event, Evid
 use crate::core::{Action, AnomalyKind, Outcome};
 
 use super::rng::Rng;
-use super::truth::{Assumptions, Expected, GroundTruth};
+use super::truth::{Assumptions, Expected, GroundTruth, HeldEffect};
 use crate::records::InputRecord;
 
 /// A fault of the workload, as the command line offers it.
@@ -131,6 +131,11 @@ faults! {
     /// A requeue is picked up (a new attempt starts), but that attempt is
     /// never confirmed either.
     requeue_picked_up_then_lost ("requeue-picked-up-then-lost") => RequeuePickedUpThenLost = 0.005,
+    /// The outcome is unknown and the probe worker asks destination
+    /// `records` (served by `reconciler loadgen destination`), which holds
+    /// the same version, another one, or nothing. Off by default: it needs
+    /// the worker, the destination service and `--event-time now`.
+    probed ("probed") => Probed = 0.0,
 }
 
 impl Faults {
@@ -181,6 +186,7 @@ enum Story {
     RetryScheduledLate,
     RequeueNotPickedUp,
     RequeuePickedUpThenLost,
+    Probed,
 }
 
 /// Clean lifecycles and their weights (they fill what faults leave).
@@ -225,6 +231,7 @@ impl Story {
             Story::RetryScheduledLate => "retry_scheduled_late",
             Story::RequeueNotPickedUp => "requeue_not_picked_up",
             Story::RequeuePickedUpThenLost => "requeue_picked_up_then_lost",
+            Story::Probed => "probed",
         }
     }
 
@@ -239,6 +246,7 @@ impl Story {
                 | Story::RetryScheduledLate
                 | Story::RequeueNotPickedUp
                 | Story::RequeuePickedUpThenLost
+                | Story::Probed
         )
     }
 }
@@ -350,6 +358,10 @@ fn ev_of(op: &str, entity: &str, ty: &str, seq: Option<i64>, at: i64, tag: &str,
 const SYNC: &str = "sync_customer";
 const INVOICE: &str = "send_invoice";
 
+/// The destination of the probed story, served by `reconciler loadgen
+/// destination` from the truth.
+pub const PROBED_DESTINATION: &str = "records";
+
 fn v(outcome: Outcome, action: Action) -> Expected {
     Expected::now(outcome, action)
 }
@@ -409,6 +421,18 @@ impl OpBuilder<'_> {
             max_attempts: Some(3),
         });
         self.ev("req", Some(1), self.at(0), body)
+    }
+
+    /// A request the probe worker can settle: an idempotency key, not
+    /// idempotent, to the loadgen destination.
+    fn requested_probed(&self, version: i64, key: &str) -> Event {
+        let mut ev = self.requested(version);
+        if let Body::Requested(r) = &mut ev.body {
+            r.idempotency_key = Some(key.to_owned());
+            r.idempotent = false;
+            r.destination = PROBED_DESTINATION.into();
+        }
+        ev
     }
 
     fn started(&self, seq: i64, attempt: i32, worker: &str) -> Event {
@@ -703,6 +727,28 @@ impl Generator {
                 } else {
                     expected.push(v(O::Missing, A::Requeue));
                     requeues_unanswered(due, true, 1, follow_up, max_requeues, &mut expected);
+                }
+            }
+            Story::Probed => {
+                // Seed 000 closed by the probe worker: the same version
+                // confirms, another goes to review, nothing found on an
+                // operation that is not idempotent goes to review too (a
+                // requeue could duplicate it).
+                let key = format!("{op_id}-key");
+                evs = vec![b.requested_probed(version, &key), b.started(2, 1, "w-1"), b.unknown(3)];
+                expected.push(vt(O::Ambiguous, A::Probe, deadline));
+                let remote_id = format!("{op_id}-r");
+                match self.rng.below(4) {
+                    0 | 1 => {
+                        self.truth.destination.insert(key, HeldEffect { remote_id, version });
+                        expected.push(v(O::Correct, A::None));
+                        confirms = Some(version);
+                    }
+                    2 => {
+                        self.truth.destination.insert(key, HeldEffect { remote_id, version: version + 1 });
+                        expected.push(v(O::Divergent, A::ManualReview));
+                    }
+                    _ => expected.push(v(O::Missing, A::ManualReview)),
                 }
             }
             Story::DuplicateDelivery => {

@@ -110,6 +110,32 @@ pub struct GroundTruth {
     pub latest_due_ms: i64,
     /// Per operation, its verdicts in order (`OUTCOME/ACTION[+timer]`).
     pub verdicts: BTreeMap<String, Vec<String>>,
+    /// What the probed story's destination holds, by idempotency key (keys
+    /// it does not hold are absent): `reconciler loadgen destination`
+    /// serves it to the probe worker.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub destination: BTreeMap<String, HeldEffect>,
+}
+
+/// An effect the loadgen destination holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldEffect {
+    /// The destination's id of it.
+    pub remote_id: String,
+    /// The version it carries.
+    pub version: i64,
+}
+
+impl GroundTruth {
+    /// What the destination service serves for this truth.
+    pub fn held(&self) -> std::collections::HashMap<String, super::destination::Held> {
+        self.destination
+            .iter()
+            .map(|(k, e)| {
+                (k.clone(), super::destination::Held::Present { remote_id: e.remote_id.clone(), version: e.version })
+            })
+            .collect()
+    }
 }
 
 impl GroundTruth {
@@ -130,6 +156,7 @@ impl GroundTruth {
             timer_anomalies: BTreeMap::new(),
             latest_due_ms: i64::MIN,
             verdicts: BTreeMap::new(),
+            destination: BTreeMap::new(),
         }
     }
 

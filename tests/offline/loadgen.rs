@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use reconciler::codec::{validate_key, Codec};
 use reconciler::config::Config;
-use reconciler::core::memory::MemoryEngine;
 use reconciler::core::Output;
+use reconciler::loadgen::destination::replay_with_answers;
+use reconciler::loadgen::scenario::PROBED_DESTINATION;
 use reconciler::loadgen::truth::Expected;
 use reconciler::loadgen::{Faults, Generator, Options};
 use reconciler::records::InputRecord;
@@ -30,7 +31,8 @@ fn ground_truth_matches_the_memory_engine() {
     let mut gen = Generator::new(options(20_000, 42, now));
     let records: Vec<InputRecord> = gen.by_ref().map(|p| p.record).collect();
     let truth = gen.into_truth();
-    assert_eq!(truth.stories.len(), 26, "every story occurs: {:?}", truth.stories);
+    assert_eq!(truth.stories.len(), 27, "every story occurs: {:?}", truth.stories);
+    assert!(!truth.destination.is_empty(), "the probed story's destination holds effects");
 
     // Dead letters: what the pipeline's decode step rejects, by class.
     let codec = Codec::new();
@@ -55,11 +57,12 @@ fn ground_truth_matches_the_memory_engine() {
     assert_eq!(events.len() as u64, truth.events);
 
     // Verdicts and anomalies: the core, with every timer due by `now` fired.
+    // The probed story's PROBE commands are answered from the truth's
+    // destination, as the probe worker does right after they are issued.
     let policy = Config::default().policy();
-    let mut engine = MemoryEngine::new();
-    let mut out = Vec::new();
     assert!(truth.latest_due_ms < now);
-    engine.replay(&policy, events, now, &mut out);
+    let held = HashMap::from([(PROBED_DESTINATION.to_owned(), truth.held())]);
+    let (out, _) = replay_with_answers(&policy, events, now, &held);
     let mut verdicts: HashMap<String, Vec<String>> = HashMap::new();
     let mut anomalies: BTreeMap<String, u64> = truth.anomalies.keys().map(|k| (k.clone(), 0)).collect();
     for o in &out {
