@@ -33,6 +33,10 @@ use reconciler::kafka::admin;
 use reconciler::kafka::reader::TopicReader;
 use reconciler::loadgen::{self, EventTime, Generator, Options, Workload};
 
+#[path = "support/proc_stats.rs"]
+mod proc_stats;
+use proc_stats::{clock_ticks, sample, ProcSample};
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -44,34 +48,6 @@ fn binary() -> PathBuf {
     // This bench runs from target/release/deps/.
     let exe = std::env::current_exe().expect("own path");
     exe.parent().and_then(Path::parent).expect("target/release").join("reconciler")
-}
-
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// CPU seconds and peak RSS of a running process, from /proc.
-#[derive(Debug, Clone, Copy, Default)]
-struct ProcSample {
-    cpu_s: f64,
-    peak_rss_mb: f64,
-}
-
-fn sample(pid: u32, ticks: f64) -> Option<ProcSample> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let cpu = (f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / ticks;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let hwm = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: f64 = hwm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(ProcSample { cpu_s: cpu, peak_rss_mb: kb / 1024.0 })
 }
 
 /// Counts the records of a topic by reading it (tansu's memory engine

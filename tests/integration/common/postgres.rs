@@ -4,6 +4,9 @@
 //! `postgresql` package provides the programs (scripts/setup.sh --tests
 //! installs it); PostgreSQL refuses to run as root, so under root the
 //! cluster belongs to the package's `postgres` user.
+//!
+//! Self-contained (std and tokio-postgres only): `benches/probe.rs`
+//! includes this file too.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -39,8 +42,11 @@ fn free_port() -> u16 {
 impl PgCluster {
     pub fn start() -> PgCluster {
         let bin = bin_dir();
-        let as_root = unsafe { libc::geteuid() } == 0;
-        let dir = super::temp_dir("pg");
+        use std::os::unix::fs::MetadataExt;
+        let as_root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let dir = std::env::temp_dir().join(format!("pg-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
         let c = PgCluster { dir, bin, port, as_root };
         if as_root {
