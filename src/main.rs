@@ -76,7 +76,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Some(
                     std::thread::Builder::new()
                         .name("probe".into())
-                        .spawn(move || worker.run(&stop))
+                        .spawn(move || {
+                            let ran = worker.run(&stop);
+                            // Said at once: the pipeline goes on without its
+                            // probes, and PROBE cases escalate at follow-up.
+                            if let Err(e) = &ran {
+                                tracing::error!(error = %e, "The probe worker stopped; PROBE commands wait for the next start");
+                            }
+                            ran
+                        })
                         .context("starting the probe worker")?,
                 )
             } else {
