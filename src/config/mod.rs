@@ -481,6 +481,11 @@ impl Config {
             return Err(invalid("kafka.bootstrap.servers", "is required"));
         }
         self.probe.validate()?;
+        if self.probe.group_id == self.consumer.group_id {
+            // One group for both would rebalance the worker with every
+            // pipeline instance and hand it the pipeline's input partitions.
+            return Err(invalid("probe.group_id", "must differ from consumer.group_id"));
+        }
         for (name, d) in &self.destinations {
             d.validate(name)?;
         }

@@ -39,6 +39,10 @@ pub struct ProbeConfig {
     pub backoff_max_ms: u64,
     /// Probe requests in flight at once, over all destinations.
     pub max_in_flight: usize,
+    /// How long an answer is kept after it was given, in ms: a command the
+    /// pipeline re-publishes within that time (after its own crash) gets
+    /// the same answer again instead of a new query.
+    pub answer_retention_ms: i64,
     /// Where the standalone worker serves `/metrics` and `/healthz`; "off"
     /// (or "") serves nothing. Inside `run` the worker's metrics join the
     /// pipeline's `/metrics`.
@@ -55,6 +59,7 @@ impl Default for ProbeConfig {
             backoff_initial_ms: 200,
             backoff_max_ms: 10_000,
             max_in_flight: 256,
+            answer_retention_ms: 7 * 24 * 3600 * 1000,
             bind: "127.0.0.1:9465".into(),
         }
     }
@@ -165,6 +170,9 @@ impl ProbeConfig {
         if self.max_in_flight == 0 {
             return Err(invalid("probe.max_in_flight", "must be at least 1"));
         }
+        if self.answer_retention_ms <= 0 {
+            return Err(invalid("probe.answer_retention_ms", "must be positive"));
+        }
         if self.backoff_max_ms < self.backoff_initial_ms {
             return Err(invalid("probe.backoff_max_ms", "must not be below probe.backoff_initial_ms"));
         }
@@ -193,6 +201,7 @@ impl DestinationConfig {
             DestinationKind::Http => {
                 required("url", &self.url)?;
                 let url = self.url.as_deref().unwrap_or_default();
+                let mut sample = url.to_owned();
                 for placeholder in placeholders(url) {
                     if !PROBE_PARAMS.contains(&placeholder) {
                         return Err(invalid(
@@ -200,6 +209,14 @@ impl DestinationConfig {
                             format!("unknown placeholder {{{placeholder}}} (known: {})", PROBE_PARAMS.join(", ")),
                         ));
                     }
+                    sample = sample.replace(&format!("{{{placeholder}}}"), "x");
+                }
+                match reqwest::Url::parse(&sample) {
+                    Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                    Ok(u) => {
+                        return Err(invalid(&field("url"), format!("scheme {:?}: only http and https", u.scheme())))
+                    }
+                    Err(e) => return Err(invalid(&field("url"), format!("not a URL: {e}"))),
                 }
                 if self.version_pointer.is_none() && self.fingerprint_pointer.is_none() {
                     return Err(invalid(
@@ -212,7 +229,7 @@ impl DestinationConfig {
                     ("version_pointer", &self.version_pointer),
                     ("fingerprint_pointer", &self.fingerprint_pointer),
                 ] {
-                    if p.as_deref().is_some_and(|p| !p.is_empty() && !p.starts_with('/')) {
+                    if p.as_deref().is_some_and(|p| !p.starts_with('/')) {
                         return Err(invalid(&field(f), "a JSON pointer starts with '/' (RFC 6901)"));
                     }
                 }
@@ -324,6 +341,9 @@ mod tests {
         let mut d = http();
         d.remote_id_pointer = Some("id".into());
         assert!(d.validate("crm").unwrap_err().to_string().contains("destinations.crm.remote_id_pointer"));
+        let mut d = http();
+        d.url = Some("crm/api/{idempotency_key}".into());
+        assert!(d.validate("crm").unwrap_err().to_string().contains("destinations.crm.url"));
     }
 
     #[test]

@@ -36,15 +36,16 @@ impl Breaker {
         Breaker { threshold, open_for, failures: 0, open_until: None, trial_in_flight: false }
     }
 
-    /// Whether a query may go now.
-    pub fn admit(&mut self, now: Instant) -> bool {
+    /// Whether a query may go now; if not, how long until the next trial
+    /// may (at least a millisecond while a trial is out).
+    pub fn admit(&mut self, now: Instant) -> Result<(), Duration> {
         match self.open_until {
-            None => true,
-            Some(until) if now < until => false,
-            Some(_) if self.trial_in_flight => false,
+            None => Ok(()),
+            Some(until) if now < until => Err(until - now),
+            Some(_) if self.trial_in_flight => Err(Duration::from_millis(1)),
             Some(_) => {
                 self.trial_in_flight = true;
-                true
+                Ok(())
             }
         }
     }
@@ -113,12 +114,16 @@ impl Guard {
     where
         F: std::future::Future<Output = Result<T, ProbeError>>,
     {
-        if !self.breaker.lock().expect("not poisoned").admit(Instant::now()) {
-            return Err(ProbeError::new(ProbeErrorClass::CircuitOpen, "the destination's circuit breaker is open"));
-        }
         let _slot = self.in_flight.acquire().await.expect("the semaphore is never closed");
         if let Some(rate) = &self.rate {
             rate.until_ready().await;
+        }
+        // Asked once a slot is free: a query that waited while the circuit
+        // opened does not go to the failing destination.
+        if let Err(wait) = self.breaker.lock().expect("not poisoned").admit(Instant::now()) {
+            let mut e = ProbeError::new(ProbeErrorClass::CircuitOpen, "the destination's circuit breaker is open");
+            e.retry_after = Some(wait);
+            return Err(e);
         }
         let result = match tokio::time::timeout(self.timeout, query).await {
             Ok(r) => r,
@@ -152,23 +157,23 @@ mod tests {
         let t0 = Instant::now();
         let mut b = Breaker::new(3, Duration::from_secs(10));
         for _ in 0..2 {
-            assert!(b.admit(t0));
+            assert!(b.admit(t0).is_ok());
             b.failure(t0);
         }
         assert!(!b.is_open());
         b.failure(t0);
         assert!(b.is_open());
-        assert!(!b.admit(t0 + Duration::from_secs(9)));
+        assert_eq!(b.admit(t0 + Duration::from_secs(9)), Err(Duration::from_secs(1)), "refused until open_for passed");
         let later = t0 + Duration::from_secs(10);
-        assert!(b.admit(later), "one trial after open_for");
-        assert!(!b.admit(later), "only one");
+        assert!(b.admit(later).is_ok(), "one trial after open_for");
+        assert!(b.admit(later).is_err(), "only one");
         b.failure(later);
-        assert!(!b.admit(later + Duration::from_secs(9)), "a failed trial opens it again");
+        assert!(b.admit(later + Duration::from_secs(9)).is_err(), "a failed trial opens it again");
         let after = later + Duration::from_secs(10);
-        assert!(b.admit(after));
+        assert!(b.admit(after).is_ok());
         b.success();
         assert!(!b.is_open());
-        assert!(b.admit(after) && b.admit(after), "closed again");
+        assert!(b.admit(after).is_ok() && b.admit(after).is_ok(), "closed again");
     }
 
     #[test]

@@ -73,6 +73,11 @@ impl PgDestination {
     pub async fn query(&self, cmd: &RepairCommand) -> Result<Answer, ProbeError> {
         let (client, statement) = self.client().await?;
         let texts: Vec<Option<String>> = self.params.iter().map(|p| param(cmd, p)).collect();
+        // A missing value is refused, never bound as NULL: `= NULL` finds
+        // nothing, and "nothing" would read as "no such effect".
+        if let Some((p, _)) = self.params.iter().zip(&texts).find(|(_, t)| t.is_none()) {
+            return Err(ProbeError::new(ProbeErrorClass::Rejected, format!("the command has no {p} for the query")));
+        }
         let mut values: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(self.params.len());
         for (p, text) in self.params.iter().zip(&texts) {
             if p == "expected_version" {
@@ -146,7 +151,10 @@ fn classify(e: tokio_postgres::Error) -> ProbeError {
     let class = match e.as_db_error() {
         Some(db) => {
             let code = db.code().code();
-            if code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") {
+            // 08 connection, 53 resources, 57 operator intervention
+            // (shutdown, statement timeout), 40 serialization failure and
+            // deadlock, 55P03 lock not available: asking again may work.
+            if ["08", "53", "57", "40"].iter().any(|c| code.starts_with(c)) || code == "55P03" {
                 ProbeErrorClass::Unavailable
             } else {
                 ProbeErrorClass::Rejected

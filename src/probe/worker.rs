@@ -11,7 +11,7 @@
 //! topic (acknowledged), then the ledger's offset. A kill between any two
 //! re-reads the command and re-publishes the stored answer unchanged.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -74,6 +74,9 @@ struct Destination {
     guard: Guard,
 }
 
+/// How often answers older than `probe.answer_retention_ms` are forgotten.
+const PURGE_EVERY: Duration = Duration::from_secs(600);
+
 /// The retry budget of a probe request.
 #[derive(Debug, Clone, Copy)]
 struct Budget {
@@ -92,13 +95,13 @@ struct Done {
 }
 
 /// What the loop knows of a partition: the offsets handed out and not yet
-/// finished, the highest offset seen, and the commands finished (and their
-/// answers stored) since the offset last moved.
+/// finished, the highest offset seen, and the offset last written to the
+/// ledger.
 #[derive(Default)]
 struct PartitionProgress {
     open: BTreeSet<i64>,
     next: i64,
-    answered: Vec<(i64, String)>,
+    written: Option<i64>,
 }
 
 impl PartitionProgress {
@@ -160,15 +163,38 @@ impl ProbeWorker {
         self.metrics.clone()
     }
 
-    /// Answers commands until `shutdown` is set. Requests in flight at
-    /// shutdown are left unfinished: the next start reads them again.
+    /// Answers commands until `shutdown` is set, starting over after an
+    /// error that may go away (the broker unreachable, a rebalance that
+    /// failed, the store busy) as the pipeline waits such errors out; other
+    /// errors end it. Requests in flight at shutdown or at an error are left
+    /// unfinished: the next start reads them again.
     pub fn run(&mut self, shutdown: &AtomicBool) -> Result<(), WorkerError> {
+        loop {
+            match self.run_once(shutdown) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.retriable() => {
+                    warn!(error = %e, "The probe worker failed; starting over in 5 s");
+                    let until = Instant::now() + Duration::from_secs(5);
+                    while Instant::now() < until {
+                        if shutdown.load(Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        std::thread::sleep(Duration::from_millis(100)); // shutdown check interval
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn run_once(&mut self, shutdown: &AtomicBool) -> Result<(), WorkerError> {
         let cfg = &self.cfg;
         let ledger = self.ledger.clone();
         // Where the worker left off, or where the group did (another
         // instance had the partition), whichever is further.
+        let commands = cfg.topics.commands.clone();
         let start = Box::new(move |p, committed: Option<i64>| {
-            let own = ledger.next_offset(p).map_err(|e| e.to_string())?;
+            let own = ledger.next_offset(&commands, p).map_err(|e| e.to_string())?;
             Ok(own.max(committed))
         });
         // Started before the pipeline, the worker creates the topics it
@@ -185,9 +211,15 @@ impl ProbeWorker {
         let max_in_flight = cfg.probe.max_in_flight;
         let (tx, rx) = channel::<Done>();
         let mut progress: BTreeMap<i32, PartitionProgress> = BTreeMap::new();
+        // Commands being queried, with the other places the same command
+        // was read meanwhile (a partition revoked and assigned back is read
+        // again from the ledger's offset; the pipeline re-sends a command
+        // after its own crash): those wait for the one answer.
+        let mut querying: HashMap<String, Vec<(i32, i64)>> = HashMap::new();
         let mut in_flight = 0usize;
         info!(group = %cfg.probe.group_id, topic = %cfg.topics.commands, destinations = self.destinations.len(), "Probe worker started");
         let mut last_circuits = Instant::now();
+        let mut last_purge: Option<Instant> = None;
         while !shutdown.load(Ordering::Relaxed) {
             let room = max_in_flight.saturating_sub(in_flight);
             let mut finished = Vec::new();
@@ -202,12 +234,19 @@ impl ProbeWorker {
                     let p = progress.entry(r.partition).or_default();
                     p.open.insert(r.offset);
                     p.next = p.next.max(r.offset + 1);
-                    match self.start(&r, budget, &tx)? {
+                    match self.start(&r)? {
                         Started::Skipped => {
                             p.open.remove(&r.offset);
                         }
                         Started::Stored(cmd, record) => finished.push((r.partition, r.offset, cmd, record)),
-                        Started::Querying => in_flight += 1,
+                        Started::Query(cmd) => match querying.get_mut(&cmd.command_id) {
+                            Some(waiting) => waiting.push((r.partition, r.offset)),
+                            None => {
+                                querying.insert(cmd.command_id.clone(), Vec::new());
+                                self.spawn(r.partition, r.offset, cmd, budget, &tx);
+                                in_flight += 1;
+                            }
+                        },
                     }
                 }
             }
@@ -221,16 +260,24 @@ impl ProbeWorker {
             }
             done.extend(rx.try_iter());
             in_flight -= done.len();
+            let from = finished.len();
             self.finish(done, &mut finished)?;
+            // The same answer for the places that waited for it.
+            let mut waited = Vec::new();
+            for (_, _, id, record) in &finished[from..] {
+                for (p, o) in querying.remove(id).unwrap_or_default() {
+                    waited.push((p, o, id.clone(), record.clone()));
+                }
+            }
+            finished.extend(waited);
             if !finished.is_empty() {
                 faults::point("probe::after_ledger");
                 let records: Vec<&OutboxRecord> = finished.iter().map(|(_, _, _, r)| r).collect();
                 publisher.publish_all(records.into_iter().map(|r| (r, None)))?;
                 faults::point("probe::after_publish");
-                for (partition, offset, command_id, _) in finished {
+                for (partition, offset, _, _) in finished {
                     if let Some(p) = progress.get_mut(&partition) {
                         p.open.remove(&offset);
-                        p.answered.push((offset, command_id));
                     }
                 }
             }
@@ -241,15 +288,22 @@ impl ProbeWorker {
                 }
                 last_circuits = Instant::now();
             }
+            if last_purge.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
+                let n = self.ledger.purge(now_ms().saturating_sub(cfg.probe.answer_retention_ms))?;
+                if n > 0 {
+                    info!(answers = n, "Forgot answers older than probe.answer_retention_ms");
+                }
+                last_purge = Some(Instant::now());
+            }
         }
         info!(in_flight, "Probe worker stopping; unfinished requests are answered after the next start");
         Ok(())
     }
 
-    /// Takes record `r` of the commands topic: a probe request starts its
-    /// queries, one already answered is republished from the ledger, and
-    /// anything else is skipped.
-    fn start(&self, r: &crate::records::Record, budget: Budget, tx: &Sender<Done>) -> Result<Started, WorkerError> {
+    /// Takes record `r` of the commands topic: a probe request to query, one
+    /// already answered (republished from the ledger), or anything else
+    /// (skipped).
+    fn start(&self, r: &crate::records::Record) -> Result<Started, WorkerError> {
         let cmd = match r.value.as_deref().map(|v| self.codec.decode_command(v)) {
             Some(Ok(c)) => c,
             other => {
@@ -276,10 +330,15 @@ impl ProbeWorker {
             };
             return Ok(Started::Stored(cmd.command_id, record));
         }
+        Ok(Started::Query(cmd))
+    }
+
+    /// Starts the queries of `cmd` (read at `partition`/`offset`) on the
+    /// runtime; the outcome comes back through `tx`.
+    fn spawn(&self, partition: i32, offset: i64, cmd: RepairCommand, budget: Budget, tx: &Sender<Done>) {
         let dest = self.destinations.get(&cmd.destination).cloned();
         let metrics = self.metrics.clone();
         let tx = tx.clone();
-        let (partition, offset) = (r.partition, r.offset);
         self.runtime.spawn(async move {
             metrics.in_flight(&cmd.destination, 1);
             let outcome = match dest {
@@ -297,7 +356,6 @@ impl ProbeWorker {
             // request is answered after the next start.
             let _ = tx.send(Done { partition, offset, cmd, outcome, at: now_ms() });
         });
-        Ok(Started::Querying)
     }
 
     /// Turns finished requests into answer records, stored in the ledger
@@ -306,8 +364,26 @@ impl ProbeWorker {
         if done.is_empty() {
             return Ok(());
         }
-        let mut records = Vec::with_capacity(done.len());
+        let mut fresh: Vec<(i32, i64, String, OutboxRecord)> = Vec::with_capacity(done.len());
         for d in done {
+            // An answer stored meanwhile wins (a second worker loop of this
+            // process after an error, reading the same ledger).
+            let id = d.cmd.command_id.clone();
+            let earlier = fresh.iter().find(|(_, _, c, _)| *c == id).map(|(_, _, _, r)| r.clone());
+            let stored = match earlier {
+                Some(r) => Some(r),
+                None => self.ledger.answer(&id)?.map(|(key, value)| OutboxRecord {
+                    topic: self.cfg.topics.events.clone(),
+                    key: Some(key),
+                    value: Some(value),
+                    headers: Vec::new(),
+                }),
+            };
+            if let Some(record) = stored {
+                self.metrics.republished(&d.cmd.destination);
+                finished.push((d.partition, d.offset, id, record));
+                continue;
+            }
             let ev = answer_event(&d.cmd, &d.outcome, d.at, &self.redactor);
             let record = crate::records::event_record(&self.codec, &self.cfg.topics.events, &ev)?;
             let result = match &d.outcome {
@@ -319,12 +395,17 @@ impl ProbeWorker {
                 }
             };
             self.metrics.probe(&d.cmd.destination, result);
-            records.push((d.partition, d.offset, d.cmd.command_id, record));
+            fresh.push((d.partition, d.offset, id, record));
         }
-        self.ledger.record(records.iter().map(|(_, _, id, r)| {
-            (id.as_str(), r.key.as_deref().unwrap_or_default(), r.value.as_deref().unwrap_or_default())
-        }))?;
-        finished.extend(records);
+        if !fresh.is_empty() {
+            self.ledger.record(
+                now_ms(),
+                fresh.iter().map(|(_, _, id, r)| {
+                    (id.as_str(), r.key.as_deref().unwrap_or_default(), r.value.as_deref().unwrap_or_default())
+                }),
+            )?;
+        }
+        finished.extend(fresh);
         Ok(())
     }
 
@@ -338,11 +419,9 @@ impl ProbeWorker {
         let mut commit = BTreeMap::new();
         for (partition, p) in progress.iter_mut() {
             let frontier = p.frontier();
-            let (behind, ahead): (Vec<_>, Vec<_>) = p.answered.drain(..).partition(|(o, _)| *o < frontier);
-            p.answered = ahead;
-            let moved = self.ledger.next_offset(*partition)? != Some(frontier);
-            if moved || !behind.is_empty() {
-                self.ledger.advance(*partition, frontier, behind.iter().map(|(_, id)| id.as_str()))?;
+            if p.written != Some(frontier) {
+                self.ledger.advance(&self.cfg.topics.commands, *partition, frontier)?;
+                p.written = Some(frontier);
                 commit.insert(*partition, frontier);
             }
         }
@@ -359,8 +438,8 @@ enum Started {
     Skipped,
     /// Answered before: its stored answer, to publish again.
     Stored(String, OutboxRecord),
-    /// Its queries are running.
-    Querying,
+    /// A probe request to query.
+    Query(RepairCommand),
 }
 
 /// Queries `dest` about `cmd` until it answers, refuses, or the budget is
@@ -382,7 +461,12 @@ async fn probe(dest: &Destination, cmd: &RepairCommand, budget: Budget, metrics:
                 if !e.retriable() || attempt >= budget.max_attempts {
                     return Err((attempt, e));
                 }
-                let wait = backoff(attempt, budget.initial, budget.max, e.retry_after, fastrand::f64());
+                // An open circuit says when it lets a trial through: wait
+                // for that rather than spend the budget without a query.
+                let wait = match (e.class, e.retry_after) {
+                    (ProbeErrorClass::CircuitOpen, Some(open)) => open,
+                    _ => backoff(attempt, budget.initial, budget.max, e.retry_after, fastrand::f64()),
+                };
                 tokio::time::sleep(wait).await;
             }
         }

@@ -240,9 +240,10 @@ fn probes_settle_every_ambiguous_case_as_the_destination_says() {
 }
 
 /// A worker killed at its crash points and with `kill -9` mid-flight, then
-/// restarted on the same store: every command gets an answer, and every
-/// answer id has one body only, although the destination answers each
-/// key differently on every second query.
+/// restarted on the same store, reading every command twice (the pipeline
+/// re-sends them after its own crash): every command gets an answer, and
+/// every answer id has one body only, although the destination answers
+/// each key differently on every second query.
 #[test]
 fn a_killed_probe_worker_loses_no_probe_and_contradicts_no_answer() {
     let _serial = common::serial();
@@ -256,6 +257,8 @@ fn a_killed_probe_worker_loses_no_probe_and_contradicts_no_answer() {
     cfg.probe.state_dir = common::temp_dir("probe-kill-ledger");
     cfg.probe.bind = "off".into();
     cfg.http.bind = "off".into();
+    // A killed member leaves the group after 6 s, not librdkafka's 45.
+    cfg.kafka.insert("session.timeout.ms".into(), "6000".into());
     let mut crm = http_destination(&server);
     crm.concurrency = 4;
     cfg.destinations.insert("crm".into(), crm);
@@ -287,7 +290,12 @@ fn a_killed_probe_worker_loses_no_probe_and_contradicts_no_answer() {
             }
         })
         .collect();
-    Publisher::new(&cfg.kafka, 1 << 20).unwrap().publish_all(commands.iter().map(|r| (r, None))).unwrap();
+    // Each command twice, as the pipeline re-publishes its outputs after
+    // its own crash: the copy must get the same answer, not a new query.
+    Publisher::new(&cfg.kafka, 1 << 20)
+        .unwrap()
+        .publish_all(commands.iter().chain(commands.iter()).map(|r| (r, None)))
+        .unwrap();
 
     let answers = |reader: &mut TopicReader| {
         reader.read_until(Duration::from_millis(200), |_| false);
