@@ -472,3 +472,67 @@ async fn probe(dest: &Destination, cmd: &RepairCommand, budget: Budget, metrics:
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use super::*;
+    use crate::config::{DestinationConfig, DestinationKind};
+    use crate::loadgen::destination::{DestinationServer, Held};
+    use crate::probe::destination::Finding;
+
+    /// A destination that fails three times while its breaker opens after
+    /// two failures: the probe waits for each trial (not a back-off of a
+    /// few ms that would find the circuit still open and spend the budget)
+    /// and gets the answer on the sixth attempt.
+    #[test]
+    fn an_open_circuit_is_waited_for_not_counted_through() {
+        let held = HashMap::from([(
+            "k".to_owned(),
+            Held::Unavailable { failures: 3, then: Box::new(Held::Present { remote_id: "r".into(), version: 7 }) },
+        )]);
+        let server = DestinationServer::start(held).unwrap();
+        let cfg = DestinationConfig {
+            kind: DestinationKind::Http,
+            url: Some(server.url_template()),
+            method: "GET".into(),
+            headers: BTreeMap::new(),
+            absent_status: vec![404],
+            remote_id_pointer: Some("/id".into()),
+            version_pointer: Some("/version".into()),
+            fingerprint_pointer: None,
+            connection_env: None,
+            query: None,
+            params: Vec::new(),
+            timeout_ms: 2_000,
+            concurrency: 1,
+            rate_per_second: None,
+            failure_threshold: 2,
+            open_for_ms: 300,
+        };
+        let dest = Destination { adapter: Adapter::build("crm", &cfg).unwrap(), guard: Guard::new(&cfg) };
+        let cmd = RepairCommand {
+            command_id: "c".into(),
+            verdict_id: "v".into(),
+            operation_id: "op".into(),
+            entity_id: "e".into(),
+            operation_type: "t".into(),
+            action: RepairAction::Probe,
+            idempotency_key: Some("k".into()),
+            destination: "crm".into(),
+            expected_version: Some(7),
+            expected_fingerprint: None,
+            issued_at: 0,
+        };
+        let budget = Budget { max_attempts: 6, initial: Duration::from_millis(10), max: Duration::from_millis(20) };
+        let metrics = ProbeMetrics::new(&prometheus::Registry::new(), ["crm".to_owned()]);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let outcome = rt.block_on(probe(&dest, &cmd, budget, &metrics));
+        let (attempts, answer) = outcome.unwrap_or_else(|(n, e)| panic!("failed after {n}: {e:?}"));
+        // 503, 503 (opens), open: wait, trial 503 (opens again), open: wait, trial 200.
+        assert_eq!(attempts, 6);
+        assert!(matches!(answer.finding, Finding::Present { version: Some(7), .. }), "{answer:?}");
+        assert_eq!(server.queries("k"), 4, "no query while the circuit was open");
+    }
+}
