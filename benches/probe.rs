@@ -47,27 +47,6 @@ fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_reconciler"))
 }
 
-fn destination(kind: DestinationKind, concurrency: usize) -> DestinationConfig {
-    DestinationConfig {
-        kind,
-        url: None,
-        method: "GET".into(),
-        headers: Default::default(),
-        absent_status: vec![404],
-        remote_id_pointer: Some("/id".into()),
-        version_pointer: Some("/version".into()),
-        fingerprint_pointer: None,
-        connection_env: None,
-        query: None,
-        params: Vec::new(),
-        timeout_ms: 5_000,
-        concurrency,
-        rate_per_second: None,
-        failure_threshold: 50,
-        open_for_ms: 1_000,
-    }
-}
-
 /// Publishes `n` PROBE commands to `name`, keys `key-0` .. `key-{n-1}`.
 fn publish_commands(cfg: &Config, name: &str, n: usize) {
     let codec = Codec::new();
@@ -165,15 +144,16 @@ fn main() {
         cfg.probe.group_id = format!("{prefix}.probe");
         cfg.probe.state_dir = std::env::temp_dir().join(format!("{prefix}-ledger"));
         cfg.probe.bind = "off".into();
-        let mut d = destination(kind, concurrency);
-        match kind {
-            DestinationKind::Http => d.url = Some(http.url_template()),
-            DestinationKind::Postgres => {
-                d.connection_env = Some("PROBE_BENCH_PG".into());
-                d.query = Some("SELECT remote_id, version FROM effects WHERE key = $1".into());
-                d.params = vec!["idempotency_key".into()];
-            }
-        }
+        let d = match kind {
+            DestinationKind::Http => http.destination(),
+            DestinationKind::Postgres => DestinationConfig::postgres(
+                "PROBE_BENCH_PG",
+                "SELECT remote_id, version FROM effects WHERE key = $1",
+                &["idempotency_key"],
+            ),
+        };
+        // A slow answer is not a failure here, and nothing opens a circuit.
+        let d = DestinationConfig { timeout_ms: 5_000, concurrency, failure_threshold: 50, open_for_ms: 1_000, ..d };
         cfg.destinations.insert(name.into(), d);
         let t = &cfg.topics;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, 1).unwrap();

@@ -320,7 +320,7 @@ use std::time::Duration;
 
 use crate::clock::system_clock;
 use crate::codec::Codec;
-use crate::config::{Config, DestinationConfig, DestinationKind, TypeConfig};
+use crate::config::{Config, DestinationConfig, TypeConfig};
 use crate::core::memory::MemoryEngine;
 use crate::core::{Output, Verdict};
 use crate::kafka::producer::Publisher;
@@ -365,25 +365,15 @@ pub struct DemoReport {
     pub settled: bool,
 }
 
-/// How the demo's probe worker reaches the demo's destination.
+/// How the demo's probe worker reaches the demo's destination: short
+/// timeouts, so the silent stories' probes fail before their follow-up.
 fn demo_destination(server: &DestinationServer) -> DestinationConfig {
     DestinationConfig {
-        kind: DestinationKind::Http,
-        url: Some(server.url_template()),
-        method: "GET".into(),
-        headers: BTreeMap::new(),
-        absent_status: vec![404],
-        remote_id_pointer: Some("/id".into()),
-        version_pointer: Some("/version".into()),
-        fingerprint_pointer: None,
-        connection_env: None,
-        query: None,
-        params: Vec::new(),
         timeout_ms: 500,
         concurrency: 8,
-        rate_per_second: None,
         failure_threshold: 20,
         open_for_ms: 5_000,
+        ..server.destination()
     }
 }
 

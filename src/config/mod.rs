@@ -265,10 +265,16 @@ impl std::fmt::Debug for Http {
 impl Http {
     /// The address to listen on, or `None` when the server is off.
     pub fn bind_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
-        match self.bind.trim() {
-            "" | "off" => Ok(None),
-            b => b.parse().map(Some).map_err(|e| invalid("http.bind", format!("{b:?} is not an address: {e}"))),
-        }
+        bind_addr("http.bind", &self.bind)
+    }
+}
+
+/// The address a server listens on (`field` holds `value`), or `None` when
+/// it is "off" or empty.
+fn bind_addr(field: &str, value: &str) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    match value.trim() {
+        "" | "off" => Ok(None),
+        b => b.parse().map(Some).map_err(|e| invalid(field, format!("{b:?} is not an address: {e}"))),
     }
 }
 

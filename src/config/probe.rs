@@ -182,14 +182,48 @@ impl ProbeConfig {
 
     /// The standalone worker's metrics address, or `None` when off.
     pub fn bind_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
-        match self.bind.trim() {
-            "" | "off" => Ok(None),
-            b => b.parse().map(Some).map_err(|e| invalid("probe.bind", format!("{b:?} is not an address: {e}"))),
-        }
+        super::bind_addr("probe.bind", &self.bind)
     }
 }
 
 impl DestinationConfig {
+    /// An HTTP destination at URL template `url`, every other field at its
+    /// default (no JSON pointers: name the answer's fields before use).
+    pub fn http(url: impl Into<String>) -> DestinationConfig {
+        DestinationConfig {
+            kind: DestinationKind::Http,
+            url: Some(url.into()),
+            method: default_method(),
+            headers: BTreeMap::new(),
+            absent_status: default_absent_status(),
+            remote_id_pointer: None,
+            version_pointer: None,
+            fingerprint_pointer: None,
+            connection_env: None,
+            query: None,
+            params: Vec::new(),
+            timeout_ms: default_timeout_ms(),
+            concurrency: default_concurrency(),
+            rate_per_second: None,
+            failure_threshold: default_failure_threshold(),
+            open_for_ms: default_open_for_ms(),
+        }
+    }
+
+    /// A PostgreSQL destination: `query` with `params` bound in order, on
+    /// the connection string in environment variable `connection_env`;
+    /// every other field at its default.
+    pub fn postgres(connection_env: &str, query: &str, params: &[&str]) -> DestinationConfig {
+        DestinationConfig {
+            kind: DestinationKind::Postgres,
+            url: None,
+            connection_env: Some(connection_env.to_owned()),
+            query: Some(query.to_owned()),
+            params: params.iter().map(|p| (*p).to_owned()).collect(),
+            ..DestinationConfig::http("")
+        }
+    }
+
     /// Checks destination `name`'s fields for its kind.
     pub fn validate(&self, name: &str) -> Result<(), ConfigError> {
         let field = |f: &str| format!("destinations.{name}.{f}");
@@ -310,22 +344,9 @@ mod tests {
 
     fn http() -> DestinationConfig {
         DestinationConfig {
-            kind: DestinationKind::Http,
-            url: Some("http://crm/api/syncs/{idempotency_key}".into()),
-            method: default_method(),
-            headers: BTreeMap::new(),
-            absent_status: default_absent_status(),
             remote_id_pointer: Some("/id".into()),
             version_pointer: Some("/version".into()),
-            fingerprint_pointer: None,
-            connection_env: None,
-            query: None,
-            params: Vec::new(),
-            timeout_ms: 100,
-            concurrency: 1,
-            rate_per_second: None,
-            failure_threshold: 1,
-            open_for_ms: 1,
+            ..DestinationConfig::http("http://crm/api/syncs/{idempotency_key}")
         }
     }
 
@@ -351,10 +372,9 @@ mod tests {
         let mut d = http();
         d.kind = DestinationKind::Postgres;
         assert!(d.validate("db").unwrap_err().to_string().contains("destinations.db.connection_env"));
-        d.connection_env = Some("DB_URL".into());
-        d.query = Some("SELECT 1".into());
-        d.params = vec!["idempotency".into()];
+        let d = DestinationConfig::postgres("DB_URL", "SELECT 1", &["idempotency"]);
         assert!(d.validate("db").unwrap_err().to_string().contains("destinations.db.params"));
+        DestinationConfig::postgres("DB_URL", "SELECT 1", &["idempotency_key"]).validate("db").unwrap();
     }
 
     #[test]

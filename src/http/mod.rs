@@ -100,11 +100,7 @@ impl Server {
     /// of a process without a pipeline (`reconciler probe`).
     pub fn metrics_only(addr: SocketAddr, registry: prometheus::Registry) -> Result<Server, HttpError> {
         let render = move || async move {
-            let mut buf = Vec::new();
-            let text = prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &registry.gather(), &mut buf)
-                .map(|()| buf);
-            let body = String::from_utf8(text.expect("text encoding cannot fail")).expect("the text format is UTF-8");
-            ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response()
+            ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], crate::metrics::render(&registry)).into_response()
         };
         let app = Router::new()
             .route("/metrics", get(render))

@@ -21,6 +21,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::oneshot;
 
+use crate::config::DestinationConfig;
 use crate::core::memory::MemoryEngine;
 use crate::core::{Event, Output, Policy, RepairAction, RepairCommand, SourcePos};
 use crate::probe::answer::answer_event;
@@ -116,6 +117,16 @@ impl DestinationServer {
     /// The URL template a `[destinations.<name>]` of kind http uses for it.
     pub fn url_template(&self) -> String {
         format!("http://{}/effects/{{idempotency_key}}", self.addr)
+    }
+
+    /// How the probe worker reaches it: its URL, the JSON pointers of its
+    /// answers, the other fields at their defaults.
+    pub fn destination(&self) -> DestinationConfig {
+        DestinationConfig {
+            remote_id_pointer: Some("/id".into()),
+            version_pointer: Some("/version".into()),
+            ..DestinationConfig::http(self.url_template())
+        }
     }
 
     /// The address it listens on.

@@ -38,6 +38,13 @@ mod probe;
 use crate::core::{Disposition, Escalation, OperationState, Output, RepairAction, Status};
 pub use probe::{ProbeMetrics, ProbeResult, UNKNOWN_DESTINATION};
 
+/// Everything `registry` holds in the Prometheus text exposition format.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut buf).expect("text encoding cannot fail");
+    String::from_utf8(buf).expect("the text format is UTF-8")
+}
+
 /// The label of operation types (and error codes) beyond the bound.
 pub const OTHER_TYPE: &str = "other";
 
@@ -609,9 +616,7 @@ impl Metrics {
 
     /// Everything in the Prometheus text exposition format.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding cannot fail");
-        String::from_utf8(buf).expect("the text format is UTF-8")
+        render(&self.registry)
     }
 }
 

@@ -191,27 +191,12 @@ fn status_error(query: &str, status: StatusCode, retry_after: Option<&HeaderValu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::DestinationKind;
-    use std::collections::BTreeMap;
 
     fn dest(version: Option<&str>) -> HttpDestination {
         let cfg = DestinationConfig {
-            kind: DestinationKind::Http,
-            url: Some("http://crm.test:8080/syncs/{idempotency_key}?v={expected_version}".into()),
-            method: "GET".into(),
-            headers: BTreeMap::new(),
-            absent_status: vec![404],
             remote_id_pointer: Some("/id".into()),
             version_pointer: version.map(Into::into),
-            fingerprint_pointer: None,
-            connection_env: None,
-            query: None,
-            params: Vec::new(),
-            timeout_ms: 100,
-            concurrency: 1,
-            rate_per_second: None,
-            failure_threshold: 1,
-            open_for_ms: 1,
+            ..DestinationConfig::http("http://crm.test:8080/syncs/{idempotency_key}?v={expected_version}")
         };
         HttpDestination::new("crm", &cfg).unwrap()
     }

@@ -364,26 +364,11 @@ impl ProbeWorker {
         if done.is_empty() {
             return Ok(());
         }
+        // Each command is queried once at a time (the loop's `querying`
+        // map holds the other reads of it), and one with an answer stored
+        // is never queried: none of these has an answer yet.
         let mut fresh: Vec<(i32, i64, String, OutboxRecord)> = Vec::with_capacity(done.len());
         for d in done {
-            // An answer stored meanwhile wins (a second worker loop of this
-            // process after an error, reading the same ledger).
-            let id = d.cmd.command_id.clone();
-            let earlier = fresh.iter().find(|(_, _, c, _)| *c == id).map(|(_, _, _, r)| r.clone());
-            let stored = match earlier {
-                Some(r) => Some(r),
-                None => self.ledger.answer(&id)?.map(|(key, value)| OutboxRecord {
-                    topic: self.cfg.topics.events.clone(),
-                    key: Some(key),
-                    value: Some(value),
-                    headers: Vec::new(),
-                }),
-            };
-            if let Some(record) = stored {
-                self.metrics.republished(&d.cmd.destination);
-                finished.push((d.partition, d.offset, id, record));
-                continue;
-            }
             let ev = answer_event(&d.cmd, &d.outcome, d.at, &self.redactor);
             let record = crate::records::event_record(&self.codec, &self.cfg.topics.events, &ev)?;
             let result = match &d.outcome {
@@ -395,7 +380,7 @@ impl ProbeWorker {
                 }
             };
             self.metrics.probe(&d.cmd.destination, result);
-            fresh.push((d.partition, d.offset, id, record));
+            fresh.push((d.partition, d.offset, d.cmd.command_id, record));
         }
         if !fresh.is_empty() {
             self.ledger.record(
@@ -475,10 +460,10 @@ async fn probe(dest: &Destination, cmd: &RepairCommand, budget: Budget, metrics:
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, HashMap};
+    use std::collections::HashMap;
 
     use super::*;
-    use crate::config::{DestinationConfig, DestinationKind};
+    use crate::config::DestinationConfig;
     use crate::loadgen::destination::{DestinationServer, Held};
     use crate::probe::destination::Finding;
 
@@ -493,24 +478,7 @@ mod tests {
             Held::Unavailable { failures: 3, then: Box::new(Held::Present { remote_id: "r".into(), version: 7 }) },
         )]);
         let server = DestinationServer::start(held).unwrap();
-        let cfg = DestinationConfig {
-            kind: DestinationKind::Http,
-            url: Some(server.url_template()),
-            method: "GET".into(),
-            headers: BTreeMap::new(),
-            absent_status: vec![404],
-            remote_id_pointer: Some("/id".into()),
-            version_pointer: Some("/version".into()),
-            fingerprint_pointer: None,
-            connection_env: None,
-            query: None,
-            params: Vec::new(),
-            timeout_ms: 2_000,
-            concurrency: 1,
-            rate_per_second: None,
-            failure_threshold: 2,
-            open_for_ms: 300,
-        };
+        let cfg = DestinationConfig { concurrency: 1, failure_threshold: 2, open_for_ms: 300, ..server.destination() };
         let dest = Destination { adapter: Adapter::build("crm", &cfg).unwrap(), guard: Guard::new(&cfg) };
         let cmd = RepairCommand {
             command_id: "c".into(),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use reconciler::clock::system_clock;
-use reconciler::config::{DestinationConfig, DestinationKind};
+use reconciler::config::DestinationConfig;
 use reconciler::loadgen::destination::DestinationServer;
 use reconciler::loadgen::scenario::PROBED_DESTINATION;
 use reconciler::loadgen::{self, EventTime, Faults, Generator, Options, Workload};
@@ -68,27 +68,8 @@ fn loadgen_with_probes_verify_agrees_on_the_broker() {
     let server = DestinationServer::start(expected.held()).unwrap();
     cfg.probe.group_id = common::unique("loadgen-probe");
     cfg.probe.state_dir = common::temp_dir("loadgen-probe-ledger");
-    cfg.destinations.insert(
-        PROBED_DESTINATION.into(),
-        DestinationConfig {
-            kind: DestinationKind::Http,
-            url: Some(server.url_template()),
-            method: "GET".into(),
-            headers: Default::default(),
-            absent_status: vec![404],
-            remote_id_pointer: Some("/id".into()),
-            version_pointer: Some("/version".into()),
-            fingerprint_pointer: None,
-            connection_env: None,
-            query: None,
-            params: Vec::new(),
-            timeout_ms: 2_000,
-            concurrency: 16,
-            rate_per_second: None,
-            failure_threshold: 5,
-            open_for_ms: 5_000,
-        },
-    );
+    cfg.destinations
+        .insert(PROBED_DESTINATION.into(), DestinationConfig { open_for_ms: 5_000, ..server.destination() });
     let running = common::Running::start(&cfg, system_clock());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut worker = ProbeWorker::new(cfg.clone(), &prometheus::Registry::new()).unwrap();

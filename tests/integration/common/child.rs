@@ -53,23 +53,34 @@ const CHILD_CONFIG: &str = "RELIABILITY_CHILD_CONFIG";
 const CHILD_STATE_DIR: &str = "RELIABILITY_CHILD_STATE_DIR";
 const CHILD_READY_FILE: &str = "RELIABILITY_CHILD_READY_FILE";
 
+/// What every child process starts with, when the environment variable
+/// `config_var` names its config file (else it is the ignored test run
+/// normally: `None`): the crash points armed by `FAILPOINTS`, logs to
+/// stderr by `RECONCILER_LOG`, the config, and a flag SIGTERM sets.
+fn child_setup(
+    config_var: &str,
+) -> Option<(fail::FailScenario<'static>, Config, std::sync::Arc<std::sync::atomic::AtomicBool>)> {
+    let config = std::env::var_os(config_var)?;
+    let failpoints = fail::FailScenario::setup();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("RECONCILER_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cfg = Config::load(Some(Path::new(&config))).expect("child config loads");
+    let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone()).unwrap();
+    Some((failpoints, cfg, shutdown))
+}
+
 /// The body of the `child_instance` test of the integration binary
 /// (ignored, so it runs only when re-executed by [`Instance::spawn`]):
 /// `reconciler run` with the config file named by the environment, until
 /// SIGTERM. Crash points abort it; a pipeline error panics (exit 101).
 pub fn child_main() {
-    let Some(config) = std::env::var_os(CHILD_CONFIG) else { return };
-    let _failpoints = fail::FailScenario::setup();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("RECONCILER_LOG"))
-        .with_writer(std::io::stderr)
-        .try_init();
-    let mut cfg = Config::load(Some(Path::new(&config))).expect("child config loads");
+    let Some((_failpoints, mut cfg, shutdown)) = child_setup(CHILD_CONFIG) else { return };
     if let Some(d) = std::env::var_os(CHILD_STATE_DIR) {
         cfg.state_dir = d.into();
     }
-    let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone()).unwrap();
     let mut p = reconciler::pipeline::Pipeline::new(cfg, reconciler::clock::system_clock()).expect("pipeline starts");
     // Readiness (every owned partition restored and caught up) to a file
     // the test polls, as /readyz would answer it.
@@ -196,15 +207,7 @@ const PROBE_CHILD_CONFIG: &str = "PROBE_CHILD_CONFIG";
 /// config file named by the environment, until SIGTERM (crash points armed
 /// by `FAILPOINTS`).
 pub fn probe_child_main() {
-    let Some(config) = std::env::var_os(PROBE_CHILD_CONFIG) else { return };
-    let _failpoints = fail::FailScenario::setup();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("RECONCILER_LOG"))
-        .with_writer(std::io::stderr)
-        .try_init();
-    let cfg = Config::load(Some(Path::new(&config))).expect("child config loads");
-    let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, shutdown.clone()).unwrap();
+    let Some((_failpoints, cfg, shutdown)) = child_setup(PROBE_CHILD_CONFIG) else { return };
     let registry = ::prometheus::Registry::new();
     let mut worker = reconciler::probe::ProbeWorker::new(cfg, &registry).expect("probe worker starts");
     worker.run(&shutdown).expect("probe worker runs");
