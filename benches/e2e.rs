@@ -16,7 +16,11 @@
 //!   KAFKA_BROKERS=127.0.0.1:9092 E2E_OPERATIONS=300000 cargo bench --bench e2e
 //!
 //! Other knobs: E2E_PARTITIONS (6), E2E_LATENCY_SECS (20, 0 skips),
-//! E2E_SKIP_VERIFY=1, E2E_BIN (default: target/release/reconciler).
+//! E2E_SKIP_VERIFY=1, E2E_BIN (default: target/release/reconciler),
+//! E2E_EXACTLY_ONCE=1: after step 2, the pipeline again over the same input
+//! with `guarantee = "exactly_once"` (own group, state and output topics),
+//! and the ratio of the two (needs a broker with transactions:
+//! `scripts/bench-e2e.sh noida`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -92,17 +96,35 @@ impl Counter {
 }
 
 fn config(brokers: &str, prefix: &str, partitions: i32) -> (Config, PathBuf) {
+    config_with(brokers, prefix, partitions, None, false)
+}
+
+/// A run's config: topics named by `prefix` (the input `input` when given),
+/// its own group and state, `exactly_once` or the default guarantee.
+fn config_with(
+    brokers: &str,
+    prefix: &str,
+    partitions: i32,
+    input: Option<&str>,
+    exactly_once: bool,
+) -> (Config, PathBuf) {
     let mut cfg = Config::default();
     cfg.kafka.insert("bootstrap.servers".into(), brokers.into());
+    // noida-db answers fetches whole, whatever their size limit.
+    cfg.kafka.insert("receive.message.max.bytes".into(), "104857600".into());
     cfg.topics = Topics::named(prefix, partitions);
+    if let Some(events) = input {
+        cfg.topics.events = events.to_owned();
+    }
     cfg.consumer.group_id = format!("{prefix}.group");
     let dir = std::env::temp_dir().join(prefix);
     std::fs::create_dir_all(&dir).unwrap();
     cfg.state_dir = dir.join("state");
     let file = dir.join("reconciler.toml");
     let t = &cfg.topics;
+    let guarantee = if exactly_once { "exactly_once" } else { "at_least_once" };
     let toml = format!(
-        "state_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\npartitions = {partitions}\n[consumer]\ngroup_id = {:?}\n[kafka]\n\"bootstrap.servers\" = {:?}\n",
+        "guarantee = {guarantee:?}\nstate_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\npartitions = {partitions}\n[consumer]\ngroup_id = {:?}\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"receive.message.max.bytes\" = \"104857600\"\n",
         cfg.state_dir, t.events, t.verdicts, t.anomalies, t.dlq, t.commands, cfg.consumer.group_id, brokers
     );
     std::fs::write(&file, toml).unwrap();
@@ -196,6 +218,32 @@ fn measure(
     Measured { records, wall, busy, proc: last, stdout }
 }
 
+/// Runs `reconciler run` with `file` until the outputs of `cfg` hold
+/// `expected` records, and prints its figures after `label`.
+fn run_pipeline(
+    brokers: &str,
+    cfg: &Config,
+    file: &Path,
+    records: u64,
+    ticks: f64,
+    expected: i64,
+    label: &str,
+) -> Measured {
+    let t = &cfg.topics;
+    let mut outputs = Counter::new(brokers, &[&t.verdicts, &t.anomalies, &t.dlq], t.partitions);
+    let child = spawn(file, &["run"]);
+    let m = measure(child, records, ticks, || outputs.count(), expected, Duration::from_secs(120 + records / 5_000));
+    println!(
+        "{label} {records} records in {:.2} s = {:.0} records/s ({:.0}/s after the first verdict); {:.2} CPU s per 1M records; peak RSS {:.0} MB",
+        m.wall.as_secs_f64(),
+        m.rate(),
+        m.busy_rate(),
+        m.cpu_per_million(),
+        m.proc.peak_rss_mb
+    );
+    m
+}
+
 fn main() {
     let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let operations: u64 = env_or("E2E_OPERATIONS", 300_000);
@@ -226,24 +274,19 @@ fn main() {
     // 2. The pipeline.
     // Done when every output is in: verdicts (timer verdicts included),
     // anomalies (orphans found by timers included) and dead letters.
-    let mut outputs = Counter::new(&brokers, &[&t.verdicts, &t.anomalies, &t.dlq], partitions);
-    let child = spawn(&file, &["run"]);
-    let pipeline = measure(
-        child,
-        records,
-        ticks,
-        || outputs.count(),
-        (truth.verdict_count + truth.anomaly_count() + truth.dead_letters) as i64,
-        Duration::from_secs(120 + records / 5_000),
-    );
-    println!(
-        "pipeline:    {records} records in {:.2} s = {:.0} records/s ({:.0}/s after the first verdict); {:.2} CPU s per 1M records; peak RSS {:.0} MB",
-        pipeline.wall.as_secs_f64(),
-        pipeline.rate(),
-        pipeline.busy_rate(),
-        pipeline.cpu_per_million(),
-        pipeline.proc.peak_rss_mb
-    );
+    let outputs_expected = (truth.verdict_count + truth.anomaly_count() + truth.dead_letters) as i64;
+    let pipeline = run_pipeline(&brokers, &cfg, &file, records, ticks, outputs_expected, "pipeline:   ");
+    if std::env::var("E2E_EXACTLY_ONCE").is_ok_and(|v| v == "1") {
+        let (eos_cfg, eos_file) = config_with(&brokers, &format!("{run_id}-eos"), partitions, Some(&t.events), true);
+        admin::ensure_topics(&eos_cfg.kafka, &eos_cfg.topics.all(), partitions, 1).unwrap();
+        let eos = run_pipeline(&brokers, &eos_cfg, &eos_file, records, ticks, outputs_expected, "exactly_once:");
+        println!(
+            "ratio exactly_once/at_least_once: {:.2} (wall), {:.2} (after first output); CPU per record {:.2}x",
+            eos.rate() / pipeline.rate(),
+            eos.busy_rate() / pipeline.busy_rate(),
+            eos.cpu_per_million() / pipeline.cpu_per_million()
+        );
+    }
     if std::env::var("E2E_SKIP_VERIFY").is_err() {
         let began = Instant::now();
         let report =

@@ -5,6 +5,7 @@
 #
 #   scripts/bench-e2e.sh                       # 300,000 operations ≈ 1.07M records
 #   E2E_OPERATIONS=30000 E2E_LATENCY_SECS=10 scripts/bench-e2e.sh
+#   scripts/bench-e2e.sh noida                 # on noida-db, with exactly_once vs at_least_once
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -17,7 +18,9 @@ mkdir -p .run
 cp "$CARGO_TARGET_DIR/release/reconciler" .run/reconciler-bench
 export E2E_BIN=$ROOT/.run/reconciler-bench
 cargo bench --locked --bench e2e --no-run
-scripts/broker.sh start memory
+engine=${1:-memory}
+if [ "$engine" = noida ]; then export E2E_EXACTLY_ONCE=${E2E_EXACTLY_ONCE:-1}; fi
+scripts/broker.sh start "$engine"
 trap 'scripts/broker.sh stop' EXIT
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 KAFKA_BROKERS=127.0.0.1:$BROKER_PORT cargo bench --locked --bench e2e

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# The local Kafka-protocol broker (tansu) for development, tests, CI and the
-# demo. The reconciler talks to it only over the Kafka protocol; on a real
+# The local Kafka-protocol brokers for development, tests, CI and the
+# demo. The reconciler talks to them only over the Kafka protocol; on a real
 # deployment this is Apache Kafka (see docker-compose.yml).
 #
-#   scripts/broker.sh install            install tansu 0.6.0 from crates.io if missing
-#   scripts/broker.sh start [sqlite|memory]   start on 127.0.0.1:$BROKER_PORT in a fresh directory
+#   scripts/broker.sh install [noida]    install tansu 0.6.0 (or noida-db 0.2.3) if missing
+#   scripts/broker.sh start [sqlite|memory|noida]   start on 127.0.0.1:$BROKER_PORT in a fresh directory
 #   scripts/broker.sh stop               stop the broker started by `start`
 #   scripts/broker.sh kill               kill -9 it, keeping its data (reliability tests)
 #   scripts/broker.sh restart            start it again on the data of the last `start`
 #
-# sqlite (default) survives broker restarts; memory is ~10x faster but is
-# only right for throughput runs from offset 0.
+# tansu sqlite (default) survives broker kill -9; tansu memory is ~10x
+# faster but is only right for throughput runs from offset 0. noida
+# (noida-db) has Kafka transactions (the exactly_once suites) and is fast,
+# but keeps its data in memory: it does not survive a kill -9.
 set -euo pipefail
 
 TANSU_VERSION=0.6.0
+NOIDA_VERSION=0.2.3
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 RUN_DIR=${RECONCILER_RUN_DIR:-$ROOT/.run}
 PORT=${BROKER_PORT:-9092}
@@ -36,6 +39,20 @@ install() {
   cargo install tansu --locked --version "$TANSU_VERSION" --features dynostore,libsql
 }
 
+have_noida() {
+  command -v noida-db >/dev/null 2>&1 && noida-db version 2>/dev/null | grep -q "$NOIDA_VERSION"
+}
+
+install_noida() {
+  if have_noida; then
+    echo "noida-db $NOIDA_VERSION already installed"
+    return
+  fi
+  echo "Installing noida-db $NOIDA_VERSION (once; about 3 minutes)..."
+  # Only its Kafka service: a small binary, a short build.
+  cargo install noida-db --version "$NOIDA_VERSION" --locked --no-default-features --features kafka
+}
+
 wait_port() {
   for _ in $(seq 1 300); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
@@ -54,7 +71,7 @@ wait_port() {
 
 start() {
   local engine=${1:-sqlite}
-  install
+  if [ "$engine" = noida ]; then install_noida; else install; fi
   stop >/dev/null 2>&1 || true
   local dir
   dir="$RUN_DIR/broker-$PORT-$(date +%s%N)"
@@ -70,7 +87,15 @@ launch() {
   case "$engine" in
     sqlite) url="sqlite://tansu.db" ;;
     memory) url="memory://tansu/" ;;
-    *) echo "unknown engine $engine (sqlite|memory)" >&2; exit 2 ;;
+    noida)
+      # Kafka only; the data directory holds what a clean stop saves.
+      (cd "$dir" && exec noida-db start --only kafka --host 127.0.0.1 --kafka-port "$PORT" \
+          --data-dir "$dir/noida" >broker.log 2>&1) &
+      echo $! > "$PID_FILE"
+      wait_port "$dir"
+      echo "noida-db listening on 127.0.0.1:$PORT, pid $(cat "$PID_FILE"), data in $dir"
+      return ;;
+    *) echo "unknown engine $engine (sqlite|memory|noida)" >&2; exit 2 ;;
   esac
   # tansu reads a .env in its working directory and resolves sqlite paths
   # relative to it: run it inside the fresh directory.
@@ -117,10 +142,10 @@ stop() {
 
 mkdir -p "$RUN_DIR"
 case "${1:-}" in
-  install) install ;;
+  install) if [ "${2:-}" = noida ]; then install_noida; else install; fi ;;
   start) start "${2:-sqlite}" ;;
   stop) stop ;;
   kill) kill9 ;;
   restart) restart ;;
-  *) sed -n '2,14p' "$0"; exit 2 ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -62,3 +62,7 @@ if [ "$mode" = "--tests" ]; then
 fi
 
 "$ROOT/scripts/broker.sh" install
+if [ "$mode" = --tests ]; then
+  # The exactly-once suites need a broker with Kafka transactions.
+  "$ROOT/scripts/broker.sh" install noida
+fi

@@ -55,6 +55,11 @@ pub enum Guarantee {
     /// Outputs acknowledged by the broker before their batch is forgotten;
     /// after a crash the last batch may be re-published byte-identical.
     AtLeastOnce,
+    /// A batch's outputs and its consumed offsets commit in one Kafka
+    /// transaction (producer `transactional.id` = [`Consumer::transactional_id`]);
+    /// a `read_committed` reader sees each output once. Needs a broker with
+    /// transactions.
+    ExactlyOnce,
 }
 
 /// Topic names and layout.
@@ -135,6 +140,16 @@ pub struct Consumer {
     /// is red from the first such failure. Outages (brokers down, leaders
     /// moving, timeouts) are waited out however long they last.
     pub give_up_after_ms: u64,
+    /// Under `guarantee = "exactly_once"`: the producer's `transactional.id`.
+    /// It must be unique among running instances and the same across
+    /// restarts of one instance: a restarted instance then fences its
+    /// predecessor (the broker bumps the producer epoch) and aborts the
+    /// transaction a crash left open, which otherwise holds back every
+    /// `read_committed` reader of the partitions it wrote until the broker's
+    /// transaction timeout. Unset: `<group_id>@<hostname>:<state_dir>`
+    /// (stable on a machine with a fixed name; set it on platforms that
+    /// rename instances, e.g. to a StatefulSet pod name).
+    pub transactional_id: Option<String>,
 }
 
 impl Consumer {
@@ -159,6 +174,7 @@ impl Default for Consumer {
             max_record_bytes: 900_000,
             apply_threads: 0,
             give_up_after_ms: 60_000,
+            transactional_id: None,
         }
     }
 }
@@ -486,6 +502,7 @@ impl Config {
         if !self.kafka.contains_key("bootstrap.servers") {
             return Err(invalid("kafka.bootstrap.servers", "is required"));
         }
+        self.validate_guarantee()?;
         self.probe.validate()?;
         if self.probe.group_id == self.consumer.group_id {
             // One group for both would rebalance the worker with every
@@ -496,6 +513,47 @@ impl Config {
             d.validate(name)?;
         }
         Ok(())
+    }
+
+    /// The settings `exactly_once` depends on: the transactional id is the
+    /// reconciler's to set, and the input must be read committed (aborted
+    /// timers in the log would otherwise be applied).
+    fn validate_guarantee(&self) -> Result<(), ConfigError> {
+        if self.kafka.contains_key("transactional.id") {
+            return Err(invalid(
+                "kafka.transactional.id",
+                "is set by the reconciler (guarantee = \"exactly_once\"): use consumer.transactional_id",
+            ));
+        }
+        if self.guarantee != Guarantee::ExactlyOnce {
+            return Ok(());
+        }
+        if self.consumer.transactional_id.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(invalid("consumer.transactional_id", "must not be empty (leave it out for the default)"));
+        }
+        if self.kafka.get("isolation.level").is_some_and(|v| v != "read_committed") {
+            return Err(invalid(
+                "kafka.isolation.level",
+                "must be read_committed under guarantee = \"exactly_once\" (aborted records must not be applied)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The producer's `transactional.id` under `exactly_once` (see
+    /// [`Consumer::transactional_id`]).
+    pub fn transactional_id(&self) -> String {
+        if let Some(id) = &self.consumer.transactional_id {
+            return id.clone();
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        let dir = std::fs::canonicalize(&self.state_dir).unwrap_or_else(|_| self.state_dir.clone());
+        format!("{}@{host}:{}", self.consumer.group_id, dir.display())
     }
 
     /// A copy safe to print: the HTTP token and librdkafka settings that
@@ -620,5 +678,22 @@ mod tests {
         assert_eq!(cfg.kafka["sasl.password"], "[REDACTED]");
         assert_eq!(cfg.kafka["ssl.key.pem"], "[REDACTED]");
         assert_eq!(cfg.kafka["bootstrap.servers"], "k:9093");
+    }
+
+    #[test]
+    fn exactly_once_settings_are_checked() {
+        let cfg = from_toml("guarantee = \"exactly_once\"\nstate_dir = \"/var/lib/r\"\n").unwrap();
+        assert_eq!(cfg.guarantee, Guarantee::ExactlyOnce);
+        let id = cfg.transactional_id();
+        assert!(id.starts_with("reconciler@") && id.ends_with(":/var/lib/r"), "{id}");
+        let cfg = from_toml("guarantee = \"exactly_once\"\n[consumer]\ntransactional_id = \"rec-0\"\n").unwrap();
+        assert_eq!(cfg.transactional_id(), "rec-0");
+        let err = from_toml("guarantee = \"exactly_once\"\n[consumer]\ntransactional_id = \"\"\n").unwrap_err();
+        assert!(err.to_string().contains("consumer.transactional_id"), "{err}");
+        let err = from_toml("guarantee = \"exactly_once\"\n[kafka]\n\"bootstrap.servers\" = \"k:9\"\n\"isolation.level\" = \"read_uncommitted\"\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("kafka.isolation.level"), "{err}");
+        let err = from_toml("[kafka]\n\"bootstrap.servers\" = \"k:9\"\n\"transactional.id\" = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("kafka.transactional.id"), "{err}");
     }
 }

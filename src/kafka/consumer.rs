@@ -162,7 +162,7 @@ pub fn committed_offsets<C: ConsumerContext>(
 }
 
 /// The offsets list of `offsets` (partition → next offset) in `topic`.
-fn offsets_list(topic: &str, offsets: &BTreeMap<i32, i64>) -> TopicPartitionList {
+pub(super) fn offsets_list(topic: &str, offsets: &BTreeMap<i32, i64>) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     for (p, next) in offsets {
         if let Err(e) = tpl.add_partition_offset(topic, *p, Offset::Offset(*next)) {
@@ -205,6 +205,9 @@ impl GroupConsumer {
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
                 ("enable.partition.eof", "false"),
+                // Records of aborted transactions (timers of an
+                // exactly-once instance that crashed) are never applied.
+                ("isolation.level", "read_committed"),
                 // Eager rebalancing: the callback assigns whole sets.
                 ("partition.assignment.strategy", "range,roundrobin"),
             ],
@@ -269,6 +272,12 @@ impl GroupConsumer {
         if let Err(e) = self.consumer.commit(&offsets_list(&self.topic, &owned), CommitMode::Async) {
             warn!(error = %e, "Committing group offsets failed (lag display only)");
         }
+    }
+
+    /// The member's group metadata (generation, member id) for a
+    /// transaction's offsets; `None` before the member joined.
+    pub fn group_metadata(&self) -> Option<rdkafka::consumer::ConsumerGroupMetadata> {
+        self.consumer.group_metadata()
     }
 
     /// Whether librdkafka knows that this member lost its assignment (the

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod consumer;
 pub mod producer;
 pub mod reader;
+pub mod transaction;
 pub mod watermarks;
 
 use std::collections::BTreeMap;

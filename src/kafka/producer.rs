@@ -80,13 +80,30 @@ impl Publisher {
     /// A publisher for records of up to `max_message_bytes` (key, value
     /// and headers). librdkafka refuses larger ones before they are sent.
     pub fn new(kafka: &BTreeMap<String, String>, max_message_bytes: usize) -> Result<Publisher, KafkaError> {
+        Publisher::with_required(kafka, max_message_bytes, &[])
+    }
+
+    /// A publisher whose producer also has the settings `required` (the
+    /// transactional id of [`super::transaction::Transactions`]).
+    pub(super) fn with_required(
+        kafka: &BTreeMap<String, String>,
+        max_message_bytes: usize,
+        required: &[(&str, &str)],
+    ) -> Result<Publisher, KafkaError> {
         let max = max_message_bytes.to_string();
         let mut defaults = PRODUCER_DEFAULTS.to_vec();
         defaults.push(("message.max.bytes", max.as_str()));
-        let producer = client_config(&defaults, kafka, &PRODUCER_REQUIRED)
+        let mut all = PRODUCER_REQUIRED.to_vec();
+        all.extend_from_slice(required);
+        let producer = client_config(&defaults, kafka, &all)
             .create_with_context(AckContext::default())
             .map_err(KafkaError::client("creating the producer"))?;
         Ok(Publisher { producer, next_ticket: AtomicUsize::new(0), flush_timeout: Duration::from_secs(30) })
+    }
+
+    /// The producer itself (for the transaction calls).
+    pub(super) fn producer(&self) -> &ThreadedProducer<AckContext> {
+        &self.producer
     }
 
     /// Drops whatever is still queued or in flight, so that a retry sends

@@ -23,11 +23,34 @@ pub struct TopicReader {
 /// A consumer that only reads assigned partitions (no group membership,
 /// no commits).
 fn reader_client(kafka: &BTreeMap<String, String>) -> Result<BaseConsumer, KafkaError> {
+    reader_client_with(kafka, Isolation::ReadCommitted)
+}
+
+/// Which records of transactions a reader sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Only committed ones (what downstream services of an `exactly_once`
+    /// reconciler should use).
+    ReadCommitted,
+    /// Aborted and open ones too.
+    ReadUncommitted,
+}
+
+fn reader_client_with(kafka: &BTreeMap<String, String>, isolation: Isolation) -> Result<BaseConsumer, KafkaError> {
     let group = format!("reconciler-reader-{}", std::process::id());
+    let level = match isolation {
+        Isolation::ReadCommitted => "read_committed",
+        Isolation::ReadUncommitted => "read_uncommitted",
+    };
     client_config(
         &CONSUMER_DEFAULTS,
         kafka,
-        &[("group.id", group.as_str()), ("enable.auto.commit", "false"), ("enable.partition.eof", "false")],
+        &[
+            ("group.id", group.as_str()),
+            ("enable.auto.commit", "false"),
+            ("enable.partition.eof", "false"),
+            ("isolation.level", level),
+        ],
     )
     .create()
     .map_err(KafkaError::client("creating a reader"))
@@ -36,7 +59,17 @@ fn reader_client(kafka: &BTreeMap<String, String>) -> Result<BaseConsumer, Kafka
 impl TopicReader {
     /// Reads `topics` (each with `partitions` partitions) from offset 0.
     pub fn new(kafka: &BTreeMap<String, String>, topics: &[&str], partitions: i32) -> Result<Self, KafkaError> {
-        let consumer = reader_client(kafka)?;
+        TopicReader::with_isolation(kafka, topics, partitions, Isolation::ReadCommitted)
+    }
+
+    /// Reads `topics` from offset 0, seeing transactions as `isolation` says.
+    pub fn with_isolation(
+        kafka: &BTreeMap<String, String>,
+        topics: &[&str],
+        partitions: i32,
+        isolation: Isolation,
+    ) -> Result<Self, KafkaError> {
+        let consumer = reader_client_with(kafka, isolation)?;
         let mut tpl = TopicPartitionList::new();
         for t in topics {
             for p in 0..partitions {
@@ -61,6 +94,33 @@ impl TopicReader {
             }
         }
         true
+    }
+
+    /// Reads until every partition of `ends` ((topic, partition) → high
+    /// watermark) is read to its mark, or `timeout` passes; returns
+    /// whether it got there. Offsets of transaction markers and of
+    /// records a `read_committed` reader skips count as read once the
+    /// consumer's position is past them.
+    pub fn read_to(&mut self, ends: &BTreeMap<(String, i32), i64>, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        loop {
+            let done = self.consumer.position().is_ok_and(|pos| {
+                ends.iter().all(|((t, p), end)| {
+                    *end <= 0
+                        || matches!(pos.find_partition(t, *p).map(|e| e.offset()), Some(Offset::Offset(o)) if o >= *end)
+                })
+            });
+            if done {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            if let Some(Ok(m)) = self.consumer.poll(left.min(Duration::from_millis(100))) {
+                self.records.push(Record::from_message(&m));
+            }
+        }
     }
 
     /// Records of one topic read so far.

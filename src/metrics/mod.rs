@@ -125,6 +125,7 @@ pub struct Metrics {
     timers_fired: IntCounter,
     publish_retries: IntCounter,
     outbox_republished: IntCounter,
+    transactions: IntCounterVec,
     operations: IntGaugeVec,
     follow_ups: IntGaugeVec,
     oldest_unconfirmed: GaugeVec,
@@ -310,6 +311,12 @@ impl Metrics {
                 "reconciler_outbox_republished_total",
                 "Outputs of a previous run re-published from the outbox at start.",
             ),
+            transactions: counter(
+                &r,
+                "reconciler_transactions_total",
+                "Kafka transactions of guarantee = exactly_once, by result (committed, aborted: nothing of it visible, done again).",
+                &["result"],
+            ),
             operations: int_gauge_vec(
                 &r,
                 "reconciler_operations",
@@ -478,6 +485,11 @@ impl Metrics {
         self.outbox_republished.inc_by(n as u64);
     }
 
+    /// A transaction committed (`true`) or aborted.
+    pub fn transaction(&self, committed: bool) {
+        self.transactions.with_label_values(&[if committed { "committed" } else { "aborted" }]).inc();
+    }
+
     /// Sets readiness as the run loop sees it (partitions restored).
     pub fn set_readiness(&self, r: Readiness) {
         let mut current = self.readiness.lock().expect("not poisoned");
@@ -575,7 +587,7 @@ impl Metrics {
     /// The name of every metric, whether or not it has a value yet
     /// (dashboards and alert rules are checked against this).
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 28] = [
+        let all: [&dyn Collector; 29] = [
             &self.events,
             &self.dead_letters,
             &self.verdicts,
@@ -592,6 +604,7 @@ impl Metrics {
             &self.timers_fired,
             &self.publish_retries,
             &self.outbox_republished,
+            &self.transactions,
             &self.operations,
             &self.follow_ups,
             &self.oldest_unconfirmed,

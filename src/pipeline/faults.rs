@@ -31,6 +31,15 @@ pub const CRASH_POINTS: [&str; 6] = [
     "pipeline::restoring",
 ];
 
+/// The crash points only `guarantee = "exactly_once"` passes
+/// (`src/pipeline/exactly_once.rs`).
+pub const EXACTLY_ONCE_CRASH_POINTS: [&str; 2] = [
+    // Outputs and offsets sent in the open transaction; not committed.
+    "pipeline::before_commit",
+    // The transaction committed; the state not yet written to the store.
+    "pipeline::after_commit",
+];
+
 /// The crash points of the probe worker (`src/probe/worker.rs`).
 pub const PROBE_CRASH_POINTS: [&str; 2] = [
     // Answers stored in the worker's ledger; nothing published.

@@ -12,9 +12,12 @@
 //! - `timers.rs`: the timer wheel, turning due deadlines into
 //!   `DeadlineReached` events in the log;
 //! - [`sampler`]: the state gauges, read from the store and the broker;
-//! - [`faults`]: the crash points of the reliability suites.
+//! - [`faults`]: the crash points of the reliability suites;
+//! - `exactly_once.rs`: the same loop under `guarantee = "exactly_once"`,
+//!   a Kafka transaction per batch before its store write.
 
 mod apply;
+mod exactly_once;
 pub mod faults;
 pub mod restore;
 pub mod sampler;
@@ -31,10 +34,11 @@ use tracing::{debug, error, info, warn};
 
 use crate::clock::Clock;
 use crate::codec::{Codec, EncodeError};
-use crate::config::Config;
+use crate::config::{Config, Guarantee};
 use crate::core::Policy;
 use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::producer::{Publisher, Ticket};
+use crate::kafka::transaction::{Transactions, TxnError};
 use crate::kafka::watermarks::Watermarks;
 use crate::kafka::{admin, KafkaError};
 use crate::metrics::{Metrics, Readiness};
@@ -53,6 +57,10 @@ pub enum PipelineError {
     /// An output could not be encoded (a schema and the code disagree).
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// The transactional producer cannot go on (fenced by a newer instance
+    /// with the same transactional id, or a fatal client error).
+    #[error(transparent)]
+    Transaction(#[from] TxnError),
     /// The state directory could not be created.
     #[error("creating the state directory {dir}: {source}")]
     StateDir {
@@ -101,6 +109,8 @@ pub struct Stats {
     pub restored: u64,
     /// Batches dropped by the zombie fence (see [`crate::pipeline::restore`]).
     pub fenced: u64,
+    /// Transactions aborted (`exactly_once`): their batches were consumed again.
+    pub aborted: u64,
 }
 
 impl Stats {
@@ -117,6 +127,7 @@ impl Stats {
             batches,
             restored,
             fenced,
+            aborted,
         } = other;
         self.records += records;
         for (k, n) in by_disposition {
@@ -132,6 +143,7 @@ impl Stats {
         self.batches += batches;
         self.restored += restored;
         self.fenced += fenced;
+        self.aborted += aborted;
     }
 }
 
@@ -142,7 +154,10 @@ pub struct Pipeline {
     codec: Codec,
     store: Arc<Store>,
     consumer: GroupConsumer,
+    /// The producer of every output (transactional under `exactly_once`).
     publisher: Arc<Publisher>,
+    /// Under `exactly_once`: the transactions of `publisher`.
+    txn: Option<Transactions>,
     clock: Clock,
     fence: restore::Fence,
     /// Per partition restoring its state: records below the offset are
@@ -226,7 +241,21 @@ impl Pipeline {
             None => Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?,
             Some(_) => Store::open_for_rebuild(&cfg.state_dir, &t.events, &cfg.store)?,
         });
-        let publisher = Arc::new(Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM)?);
+        let max_bytes = cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM;
+        // A replay publishes into scratch topics or nowhere: no transactions.
+        let txn = match (cfg.guarantee, replay) {
+            (Guarantee::ExactlyOnce, None) => {
+                let retry_for = Duration::from_millis(cfg.consumer.give_up_after_ms);
+                let t = Transactions::new(&cfg.kafka, max_bytes, &cfg.transactional_id(), retry_for)?;
+                info!(transactional_id = %t.id(), "Exactly-once: transactions initialised (a transaction left open by a previous run is aborted)");
+                Some(t)
+            }
+            _ => None,
+        };
+        let publisher = match &txn {
+            Some(t) => t.publisher(),
+            None => Arc::new(Publisher::new(&cfg.kafka, max_bytes)?),
+        };
         // Each partition starts where its state says (the offsets live
         // beside the state, written in the same batch; the group's
         // committed offset only decides what is restored silently).
@@ -244,6 +273,7 @@ impl Pipeline {
             store,
             consumer,
             publisher,
+            txn,
             fence,
             clock,
             restore_until: BTreeMap::new(),
@@ -288,6 +318,9 @@ impl Pipeline {
                 // the batch in flight now (a new owner reads the group
                 // offsets it commits).
                 self.finish_in_flight(shutdown)?;
+            }
+            if records.is_empty() && !revoked && self.txn.is_some() {
+                self.skip_markers(this_poll)?;
             }
             if !records.is_empty() {
                 self.process(records, last_poll, shutdown)?;
@@ -340,7 +373,13 @@ impl Pipeline {
         }
         info!(records = pending.len(), "Re-publishing the outbox of the previous run");
         let (first, last) = (pending[0].0, pending[pending.len() - 1].0);
-        self.publish_with_retry(pending.iter().map(|(_, r)| r).collect(), shutdown)?;
+        let records: Vec<&OutboxRecord> = pending.iter().map(|(_, r)| r).collect();
+        match &self.txn {
+            // Only an at_least_once run leaves an outbox behind: its last
+            // batch goes out once more, in a transaction of its own.
+            Some(txn) => self.transact_with_retry(txn, &records, shutdown)?,
+            None => self.publish_with_retry(records, shutdown)?,
+        }
         faults::point("pipeline::after_republish");
         self.store.ack_outbox(first..last + 1)?;
         self.metrics.outbox_republished(pending.len());
@@ -397,8 +436,8 @@ impl Pipeline {
         };
         let Applied { batch, touched, deadlines } =
             applier.apply(&records, &mut next, &self.restore_until, &mut self.stats)?;
-        self.timers.consumed(deadlines);
         if touched.is_empty() {
+            self.timers.consumed(deadlines);
             return Ok(());
         }
         // Zombie fence: write nothing if the group may have moved these
@@ -409,20 +448,15 @@ impl Pipeline {
             self.consumer.rewind(&stored.into_iter().filter(|(p, _)| touched.contains_key(p)).collect());
             return Ok(());
         }
+        if self.txn.is_some() {
+            let batch = exactly_once::Batch { records: records.len(), started, encoded: batch, touched, deadlines };
+            return self.process_in_transaction(batch, stored, alive_at);
+        }
         let applied = started.elapsed();
         let seqs = self.store.write_encoded(&batch)?;
         faults::point("pipeline::after_store");
         let stored = started.elapsed();
-        {
-            // Applied and durable: the next batch starts past these offsets.
-            let mut a = self.consumer.assignment.lock().expect("not poisoned");
-            for (p, n) in &touched {
-                if let Some(slot) = a.owned.get_mut(p) {
-                    *slot = (*slot).max(*n);
-                }
-            }
-        }
-        restore::advance(&mut self.restore_until, &touched);
+        self.stored(&touched, deadlines);
         // The previous batch's outputs were being acknowledged while this
         // one was applied; they go first, so outputs keep the input order.
         self.finish_in_flight(shutdown)?;
@@ -453,6 +487,21 @@ impl Pipeline {
         );
         *self.in_flight.lock().expect("not poisoned") = Some(InFlight { sent, outbox, seqs, touched });
         Ok(())
+    }
+
+    /// A batch is applied and durable: the next starts past its offsets,
+    /// restores move on, its deadlines are consumed back.
+    fn stored(&mut self, touched: &BTreeMap<i32, i64>, deadlines: Vec<(String, i64)>) {
+        {
+            let mut a = self.consumer.assignment.lock().expect("not poisoned");
+            for (p, n) in touched {
+                if let Some(slot) = a.owned.get_mut(p) {
+                    *slot = (*slot).max(*n);
+                }
+            }
+        }
+        restore::advance(&mut self.restore_until, touched);
+        self.timers.consumed(deadlines);
     }
 
     /// Waits until the outputs of the batch in flight are acknowledged
@@ -523,7 +572,22 @@ impl Pipeline {
         self.finish_in_flight(shutdown)?;
         // To the operation's own partition, whatever the key would hash to:
         // the timer must be judged by the owner of the operation's state.
-        self.publisher.publish_all(due.iter().map(|d| (&d.record, Some(d.partition))))?;
+        let records = due.iter().map(|d| (&d.record, Some(d.partition)));
+        match &self.txn {
+            Some(txn) => match txn.run(records, None, || true) {
+                Ok(_) => self.metrics.transaction(true),
+                Err(TxnError::Aborted(why)) => {
+                    // Nothing of it is visible: the next tick fires again.
+                    self.metrics.transaction(false);
+                    warn!(reason = %why, "Firing timers aborted; retrying on the next tick");
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            },
+            None => {
+                self.publisher.publish_all(records)?;
+            }
+        }
         faults::point("pipeline::timer_fired");
         // Only once acknowledged: a failed firing is retried next tick.
         self.stats.timers_fired += due.len() as u64;

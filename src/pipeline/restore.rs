@@ -35,6 +35,9 @@
 //! partition is processed from the local offset with publishing, which only
 //! repeats byte-identical outputs.
 //!
+//! (Under `exactly_once` the committed offset moves only with a committed
+//! transaction, so the same holds there.)
+//!
 //! (A compacted changelog topic, as Kafka Streams does, would make the
 //! restore cost proportional to the state rather than to the log since the
 //! local offset; replaying the input is simpler and needs no second
@@ -59,8 +62,10 @@
 //! outputs. The state is local (the next owner restores from the log, not
 //! from it) and the outputs are byte-identical to the ones the new owner
 //! publishes for the same offsets, so no reader sees a divergent verdict.
-//! Fencing the producer itself needs Kafka transactions (a transactional id
-//! per partition, `exactly_once`), which the local broker does not have.
+//! Under `guarantee = "exactly_once"` the rule is checked again right
+//! before the transaction commits, and the broker fences the rest (see
+//! [`crate::kafka::transaction`]); the same restore path also mends a store
+//! one batch behind its committed transaction (see `exactly_once.rs`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

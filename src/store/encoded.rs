@@ -130,6 +130,13 @@ impl Encoded {
         self.parts.extend(other.parts);
     }
 
+    /// Takes the outputs out of a batch not yet written, in order: it is
+    /// then written without an outbox (under `exactly_once` a batch's
+    /// outputs go out in its Kafka transaction, before the store write).
+    pub fn take_outbox(&mut self) -> Vec<OutboxRecord> {
+        self.parts.iter_mut().flat_map(|p| std::mem::take(&mut p.outbox)).collect()
+    }
+
     /// Takes the outputs out of a written batch, in order.
     pub fn into_outbox(self) -> Vec<OutboxRecord> {
         self.parts.into_iter().flat_map(|p| p.outbox).collect()

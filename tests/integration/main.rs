@@ -12,7 +12,9 @@
 
 mod common;
 
+mod broker_gaps;
 mod deploy;
+mod exactly_once;
 mod http;
 mod interop;
 mod loadgen;

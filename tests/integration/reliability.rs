@@ -8,176 +8,19 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::check::{self, Figures};
 use common::child::Instance;
+use common::run::{assert_zombie_wrote_nothing, bounce_port, broker, log_len, nudge_group, stopped, BounceBroker, Run};
 use reconciler::clock::system_clock;
 use reconciler::config::Config;
-use reconciler::core::Output;
-use reconciler::demo;
 use reconciler::kafka::reader::TopicReader;
 use reconciler::loadgen::rng::Rng;
 use reconciler::pipeline::faults::CRASH_POINTS;
-use reconciler::records::InputRecord;
 
 fn full() -> bool {
     std::env::var("RELIABILITY_FULL").is_ok_and(|v| v == "1")
-}
-
-/// A workload run: its config (own topics, group, state), the config file
-/// for child instances, and how many verdicts settle it.
-struct Run {
-    cfg: Config,
-    dir: PathBuf,
-    config_file: PathBuf,
-    records: usize,
-    verdicts: usize,
-}
-
-impl Run {
-    /// Creates the topics and publishes `copies` copies of the demo workload.
-    fn new(name: &str, copies: usize, batch_size: usize) -> Run {
-        let (run, workload) = Run::prepare(name, copies, batch_size, None);
-        demo::publish(&run.cfg, &workload).unwrap();
-        run
-    }
-
-    /// Creates the topics (on `brokers`, else the test broker) and returns
-    /// the workload to publish.
-    fn prepare(name: &str, copies: usize, batch_size: usize, brokers: Option<&str>) -> (Run, Vec<InputRecord>) {
-        let mut cfg = common::config(name);
-        if let Some(b) = brokers {
-            cfg.kafka.insert("bootstrap.servers".into(), b.to_owned());
-        }
-        demo::configure(&mut cfg);
-        cfg.consumer.batch_size = batch_size;
-        // Short windows, so that every timer of the workload fires within
-        // seconds, and a short session, so that a killed member's partitions
-        // move on quickly.
-        cfg.time.reorder_window_ms = 2_000;
-        cfg.kafka.insert("session.timeout.ms".into(), "6000".into());
-        cfg.kafka.insert("heartbeat.interval.ms".into(), "1000".into());
-        let start = (system_clock())();
-        let records = demo::workload(start, copies);
-        let (outputs, _) = demo::predict(&cfg, &records, start + 3_600_000);
-        let verdicts = outputs.iter().filter(|o| matches!(o, Output::Verdict(_))).count();
-        let t = &cfg.topics;
-        reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, 1).unwrap();
-        let dir = common::temp_dir(&format!("{name}-run"));
-        let config_file = common::child::write_config(&cfg, &dir);
-        (Run { cfg, dir, config_file, records: records.len(), verdicts }, records)
-    }
-
-    /// Publishes part `i` of `n` of the workload (in order).
-    fn publish_part(&self, workload: &[InputRecord], i: usize, n: usize) {
-        let (a, b) = (workload.len() * i / n, workload.len() * (i + 1) / n);
-        demo::publish(&self.cfg, &workload[a..b]).unwrap();
-    }
-
-    /// After a member died or stalled: nudges the group until the survivor
-    /// owns everything and has caught up (see `nudge_group`).
-    fn wait_taken_over(&self, what: &str) {
-        let until = Instant::now() + Duration::from_secs(90);
-        while Instant::now() < until {
-            nudge_group(&self.cfg);
-            if self.wait_caught_up(Duration::from_secs(8)) {
-                return;
-            }
-        }
-        panic!("the survivor did not take over after {what}");
-    }
-
-    /// Waits until the group's committed offsets reach the end of the input
-    /// (everything published so far is processed and its outputs acked).
-    fn wait_caught_up(&self, timeout: Duration) -> bool {
-        let until = Instant::now() + timeout;
-        while Instant::now() < until {
-            let end = check::end_offsets(&self.cfg, &self.cfg.topics.events);
-            let c = check::committed(&self.cfg);
-            if end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e)) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(200)); // polling interval
-        }
-        false
-    }
-
-    fn log(&self) -> PathBuf {
-        self.dir.join("reconciler.log")
-    }
-
-    fn spawn(&self, failpoints: Option<&str>) -> Instance {
-        Instance::spawn(&self.config_file, None, failpoints, &self.log())
-    }
-
-    /// A named instance with a state directory of its own (and its own log).
-    fn spawn_named(&self, name: &str, state_dir: &Path, failpoints: Option<&str>) -> Instance {
-        Instance::spawn(&self.config_file, Some(state_dir), failpoints, &self.dir.join(format!("{name}.log")))
-    }
-
-    /// Distinct verdicts published so far.
-    fn verdicts_so_far(&self) -> usize {
-        let recs = check::read_all(&self.cfg, &[&self.cfg.topics.verdicts]);
-        recs.iter().filter_map(|r| r.value.as_deref()).collect::<std::collections::HashSet<_>>().len()
-    }
-
-    /// Waits until at least `n` distinct verdicts were published.
-    fn wait_verdicts(&self, n: usize, timeout: Duration) -> bool {
-        let until = Instant::now() + timeout;
-        while Instant::now() < until {
-            if self.verdicts_so_far() >= n {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(200)); // polling interval, not a wait for a condition
-        }
-        false
-    }
-
-    /// I4 with the instance running, then stops it and checks I1–I3.
-    fn settle_and_check(&self, running: Vec<Instance>, state_dirs: &[&Path]) -> Figures {
-        // Settled also means the running instances own every partition: the
-        // local broker keeps a crashed member in the group until the next
-        // join (see `nudge_group`), and an instance started right after a
-        // crash can be left with nothing while the dead member's committed
-        // offsets already look caught up.
-        let partitions = self.cfg.topics.partitions as usize;
-        let mut last_nudge = Instant::now();
-        let settled = check::wait_settled(&self.cfg, self.verdicts, Duration::from_secs(120), || {
-            let owned: usize = running.iter().map(Instance::owned).sum();
-            if owned < partitions && last_nudge.elapsed() >= Duration::from_secs(3) {
-                nudge_group(&self.cfg);
-                last_nudge = Instant::now();
-            }
-            owned == partitions && running.iter().all(Instance::ready)
-        });
-        let tails: Vec<String> = running.iter().map(Instance::log_tail).collect();
-        for i in running {
-            i.stop();
-        }
-        assert!(
-            settled,
-            "I4: lag did not return to zero with all {} verdicts; log:\n{}",
-            self.verdicts,
-            tails.join("\n--\n")
-        );
-        let input = check::read_all(&self.cfg, &[&self.cfg.topics.events]);
-        let outputs = check::read_all(&self.cfg, &check::output_topics(&self.cfg));
-        check::check(&self.cfg, &input, &outputs, state_dirs)
-    }
-}
-
-/// Waits for a child to hit its crash point (it aborts).
-fn wait_crash(i: &mut Instance, timeout: Duration) -> bool {
-    let until = Instant::now() + timeout;
-    while Instant::now() < until {
-        if i.crashed() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50)); // polling interval
-    }
-    false
 }
 
 /// One seeded crash iteration. Scenario `seed % 7`: the six crash points
@@ -192,12 +35,7 @@ fn crash_iteration(seed: u64) -> Figures {
     let scenario = (seed % 7) as usize;
     let mut crashes = 0;
     let crash_with = |spec: String, crashes: &mut usize| {
-        let mut i = run.spawn(Some(&spec));
-        assert!(
-            wait_crash(&mut i, Duration::from_secs(90)),
-            "seed {seed}: {spec} never crashed; log:\n{}",
-            i.log_tail()
-        );
+        run.crash_with(seed, &spec);
         *crashes += 1;
     };
     match scenario {
@@ -258,39 +96,6 @@ fn crash_suite_loses_nothing_and_repeats_only_byte_identical_outputs() {
     assert_eq!(total.iterations as u64, iterations);
 }
 
-/// The port of the test broker (KAFKA_BROKERS) plus one: a broker of the
-/// bounce suite's own, so that killing it disturbs no other test.
-fn bounce_port() -> u16 {
-    let brokers = common::brokers();
-    let port: u16 = brokers.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(9092);
-    std::env::var("BOUNCE_BROKER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(port + 1)
-}
-
-fn broker(verb: &str, port: u16) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker.sh");
-    let out = std::process::Command::new("bash")
-        .arg(script)
-        .args([verb, "sqlite"])
-        .env("BROKER_PORT", port.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "broker.sh {verb}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Stops the bounce broker however the test ends.
-struct BounceBroker(u16);
-
-impl Drop for BounceBroker {
-    fn drop(&mut self) {
-        broker("stop", self.0);
-    }
-}
-
 #[test]
 fn broker_bounce_kill_9_five_times_loses_nothing() {
     let _serial = common::serial();
@@ -317,60 +122,6 @@ fn broker_bounce_kill_9_five_times_loses_nothing() {
     f.crashes = bounces;
     f.print("broker bounce suite");
     assert_eq!((f.losses, f.divergent), (0, 0));
-}
-
-/// Lines of `log` from byte `from` on.
-fn log_since(log: &Path, from: usize) -> Vec<String> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.get(from..).unwrap_or_default().lines().map(str::to_owned).collect()
-}
-
-fn log_len(log: &Path) -> usize {
-    std::fs::metadata(log).map_or(0, |m| m.len() as usize)
-}
-
-/// After resuming (log position `mark`), the zombie committed no batch
-/// before it learned of the rebalance (a partition revoked or assigned, or
-/// a batch fenced). Returns the number of batches fenced.
-fn assert_zombie_wrote_nothing(log: &Path, mark: usize) -> usize {
-    let after = log_since(log, mark);
-    let first_move = after
-        .iter()
-        .position(|l| l.contains("revoked") || l.contains("assigned") || l.contains("Batch dropped"))
-        .unwrap_or(after.len());
-    let zombie_batches: Vec<&String> = after[..first_move].iter().filter(|l| l.contains("Batch committed")).collect();
-    assert!(zombie_batches.is_empty(), "the resumed zombie wrote batches before the rebalance: {zombie_batches:#?}");
-    after.iter().filter(|l| l.contains("Batch dropped")).count()
-}
-
-/// Whether process `pid` is stopped (SIGSTOP).
-fn stopped(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))
-}
-
-/// Makes the group rebalance: a consumer joins it and leaves at once.
-///
-/// The local broker (tansu 0.6) drops a member whose session expired only
-/// when the group is next joined, and starts no rebalance by itself, so the
-/// dead member's partitions would stay unowned. Apache Kafka rebalances on
-/// the expiry; here a short join stands in for that. The visitor commits
-/// nothing and consumes nothing.
-fn nudge_group(cfg: &Config) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let c: BaseConsumer = reconciler::kafka::client_config(
-        &[],
-        &cfg.kafka,
-        &[("group.id", cfg.consumer.group_id.as_str()), ("enable.auto.commit", "false")],
-    )
-    .create()
-    .unwrap();
-    c.subscribe(&[&cfg.topics.events]).unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < until && c.assignment().map_or(0, |a| a.count()) == 0 {
-        c.poll(Duration::from_millis(100));
-    }
-    c.unsubscribe();
 }
 
 /// Two instances with state directories of their own in one group: the

@@ -37,6 +37,13 @@ pub fn write_config(cfg: &Config, dir: &Path) -> PathBuf {
     for (k, v) in &cfg.kafka {
         toml.push_str(&format!("{k:?} = {v:?}\n"));
     }
+    if cfg.guarantee == reconciler::config::Guarantee::ExactlyOnce {
+        // Top-level keys go before the first table.
+        toml.insert_str(0, "guarantee = \"exactly_once\"\n");
+        if let Some(id) = &cfg.consumer.transactional_id {
+            toml = toml.replacen("[consumer]\n", &format!("[consumer]\ntransactional_id = {id:?}\n"), 1);
+        }
+    }
     for (ty, tc) in &cfg.types {
         toml.push_str(&format!("[types.{ty}]\n"));
         if let Some(ms) = tc.confirm_within_ms {

@@ -7,6 +7,7 @@
 pub mod check;
 pub mod child;
 pub mod postgres;
+pub mod run;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
