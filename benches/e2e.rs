@@ -69,6 +69,8 @@ impl Counter {
             .set("group.id", format!("{}.counter", topics[0]))
             .set("enable.auto.commit", "false")
             .set("fetch.wait.max.ms", "50")
+            // noida-db answers fetches whole, whatever their size limit.
+            .set("receive.message.max.bytes", "104857600")
             .create()
             .unwrap();
         let mut tpl = TopicPartitionList::new();
@@ -244,6 +246,27 @@ fn run_pipeline(
     m
 }
 
+/// Checks the outputs of `cfg` against the ground truth and prints it.
+fn verify(cfg: &Config, truth: &loadgen::truth::GroundTruth, records: u64, label: &str) {
+    let began = Instant::now();
+    let report =
+        loadgen::verify::verify(cfg, truth, Duration::from_secs(30 + records / 10_000), Duration::from_secs(2))
+            .unwrap();
+    println!(
+        "{label} {} of {} operations agree, {} of {} verdicts, anomalies {}, dead letters {} ({:.0} s)",
+        report.operations_agreeing,
+        report.operations,
+        report.verdicts_seen,
+        report.verdicts_expected,
+        if report.anomalies.values().all(|(e, s)| e == s) { "all equal" } else { "DIFFER" },
+        if report.dead_letters.values().all(|(e, s)| e == s) { "all equal" } else { "DIFFER" },
+        began.elapsed().as_secs_f64()
+    );
+    if !report.agrees() {
+        println!("{}", report.render());
+    }
+}
+
 fn main() {
     let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let operations: u64 = env_or("E2E_OPERATIONS", 300_000);
@@ -286,25 +309,12 @@ fn main() {
             eos.busy_rate() / pipeline.busy_rate(),
             eos.cpu_per_million() / pipeline.cpu_per_million()
         );
+        if std::env::var("E2E_SKIP_VERIFY").is_err() {
+            verify(&eos_cfg, &truth, records, "verify (exactly_once):");
+        }
     }
     if std::env::var("E2E_SKIP_VERIFY").is_err() {
-        let began = Instant::now();
-        let report =
-            loadgen::verify::verify(&cfg, &truth, Duration::from_secs(30 + records / 10_000), Duration::from_secs(2))
-                .unwrap();
-        println!(
-            "verify:      {} of {} operations agree, {} of {} verdicts, anomalies {}, dead letters {} ({:.0} s)",
-            report.operations_agreeing,
-            report.operations,
-            report.verdicts_seen,
-            report.verdicts_expected,
-            if report.anomalies.values().all(|(e, s)| e == s) { "all equal" } else { "DIFFER" },
-            if report.dead_letters.values().all(|(e, s)| e == s) { "all equal" } else { "DIFFER" },
-            began.elapsed().as_secs_f64()
-        );
-        if !report.agrees() {
-            println!("{}", report.render());
-        }
+        verify(&cfg, &truth, records, "verify:     ");
     }
 
     // 3. The passthrough baseline over the same topic.
