@@ -401,6 +401,9 @@ impl Metrics {
         for r in ["closed", "marked"] {
             m.superseded.with_label_values(&[r]);
         }
+        for r in ["committed", "aborted"] {
+            m.transactions.with_label_values(&[r]);
+        }
         m
     }
 

@@ -39,14 +39,6 @@ fn start_noida() -> (String, BounceBroker) {
     (format!("127.0.0.1:{port}"), BounceBroker(port))
 }
 
-/// An exactly-once run on `brokers`: short session (a stopped member's
-/// partitions move on quickly), and fetches as large as noida-db answers
-/// them (it ignores the fetch size limits). noida-db drops a member that
-/// stopped heartbeating only when the rebalance timeout (librdkafka's
-/// `max.poll.interval.ms`, 5 minutes by default) has passed, not when its
-/// session expires as Apache Kafka does: a short one lets a survivor in
-/// within seconds of a crash.
-///
 /// noida-db 0.2.3 never removes a member that died without leaving (it
 /// checks a session only when that member heartbeats again), so a group
 /// with a killed member never completes a rebalance led by it. Suites that
@@ -59,18 +51,28 @@ fn static_member(run: &mut Run) {
     run.config_file = common::child::write_config(&run.cfg, &run.dir);
 }
 
+/// An exactly-once run on `brokers`: short session (a stopped member's
+/// partitions move on quickly), and fetches as large as noida-db answers
+/// them (it ignores the fetch size limits). noida-db completes a rebalance
+/// without a member that stopped heartbeating only once the rebalance
+/// timeout (librdkafka's `max.poll.interval.ms`, 5 minutes by default) has
+/// passed, not when that member's session expires as Apache Kafka does: a
+/// short one lets a survivor in within seconds of a crash. Settling does not nudge the group: a visitor's
+/// join would start yet another rebalance that waits for that timeout.
 fn exactly_once(
     name: &str,
     copies: usize,
     batch_size: usize,
     brokers: &str,
 ) -> (Run, Vec<reconciler::records::InputRecord>) {
-    Run::prepare_with(name, copies, batch_size, |cfg: &mut Config| {
+    let (mut run, workload) = Run::prepare_with(name, copies, batch_size, |cfg: &mut Config| {
         cfg.kafka.insert("bootstrap.servers".into(), brokers.to_owned());
         cfg.kafka.insert("receive.message.max.bytes".into(), "104857600".into());
         cfg.kafka.insert("max.poll.interval.ms".into(), "10000".into());
         cfg.guarantee = Guarantee::ExactlyOnce;
-    })
+    });
+    run.nudges = false;
+    (run, workload)
 }
 
 /// Settles the run and checks it; then asserts exactly once: nothing lost,
@@ -199,9 +201,9 @@ fn read_uncommitted_sees_aborted_outputs_read_committed_never_does() {
 /// noida-db 0.2.3 does not expire the stopped member (broker_gaps.rs), so
 /// the other member takes the partitions over only once the zombie, resumed,
 /// heartbeats and is told it is no longer a member: the test checks the
-/// zombie's side (its stall rule aborts the transaction it held) and the
-/// outputs, not the takeover during the stall, which the tansu rebalance
-/// suite covers for at_least_once.
+/// zombie's side (its stall rule aborts the transaction it held; then it is
+/// stopped) and the outputs, not the takeover during the stall, which the
+/// tansu rebalance suite covers for at_least_once.
 #[test]
 fn a_zombie_stopped_in_its_transaction_commits_nothing() {
     let _serial = common::serial();
@@ -223,9 +225,18 @@ fn a_zombie_stopped_in_its_transaction_commits_nothing() {
     std::thread::sleep(Duration::from_secs(8));
     common::child::signal(b.pid(), "CONT");
     let log_b = run.dir.join("b.log");
-    let mut f = settle_exactly_once(&run, vec![a, b], &[&dir_a, &dir_b], "zombie");
-    let aborted = std::fs::read_to_string(&log_b).unwrap_or_default().matches("its transaction was aborted").count();
-    assert!(aborted >= 1, "the zombie's transaction was not aborted; log:\n{}", common::child::tail(&log_b));
+    let aborted = || std::fs::read_to_string(&log_b).unwrap_or_default().matches("its transaction was aborted").count();
+    let until = Instant::now() + Duration::from_secs(30);
+    while aborted() == 0 {
+        assert!(Instant::now() < until, "the zombie's transaction was not aborted; log:\n{}", b.log_tail());
+        std::thread::sleep(Duration::from_millis(50)); // polling interval
+    }
+    // The zombie leaves; the other member takes everything over. (Two
+    // members rejoining at once can keep noida-db 0.2.3 rebalancing for
+    // minutes: see RELIABILITY.md.)
+    b.stop();
+    let mut f = settle_exactly_once(&run, vec![a], &[&dir_a, &dir_b], "zombie");
+    let aborted = aborted();
     f.iterations = 1;
     f.crashes = 1;
     f.print("exactly-once zombie suite");
