@@ -301,10 +301,20 @@ impl GroupConsumer {
     /// The consumer's position in `partition` (next offset it will hand
     /// out, past transaction markers), if known.
     pub fn position(&self, partition: i32) -> Option<i64> {
-        let tpl = self.consumer.position().ok()?;
-        match tpl.find_partition(&self.topic, partition)?.offset() {
-            Offset::Offset(o) => Some(o),
-            _ => None,
-        }
+        self.positions().get(&partition).copied()
+    }
+
+    /// The consumer's position in every assigned partition where it is
+    /// known (one call for all, where a loop over [`Self::position`] would
+    /// ask librdkafka once per partition).
+    pub fn positions(&self) -> BTreeMap<i32, i64> {
+        let Ok(tpl) = self.consumer.position() else { return BTreeMap::new() };
+        tpl.elements_for_topic(&self.topic)
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((e.partition(), o)),
+                _ => None,
+            })
+            .collect()
     }
 }

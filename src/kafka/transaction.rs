@@ -180,14 +180,11 @@ impl Transactions {
         loop {
             match self.publisher.producer().commit_transaction(self.call_timeout) {
                 Ok(()) => return Ok(()),
-                Err(e) => match class(&e) {
-                    Class::Retry if started.elapsed() < self.retry_for => {
-                        warn!(transactional_id = %self.id, error = %e, "Committing the transaction failed; retrying");
-                        std::thread::sleep(Duration::from_millis(200));
-                    }
-                    Class::Fatal => return Err(self.fatal(e)),
-                    _ => return Err(self.abort_on(e)),
-                },
+                Err(e) if matches!(class(&e), Class::Retry) && started.elapsed() < self.retry_for => {
+                    warn!(transactional_id = %self.id, error = %e, "Committing the transaction failed; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(self.abort_on(e)),
             }
         }
     }

@@ -78,7 +78,7 @@ impl Pipeline {
             let Some(group) = self.consumer.group_metadata() else {
                 // Records but no membership: the next poll sorts it out.
                 warn!("Batch dropped: the consumer has no group metadata for its transaction");
-                self.consumer.rewind(&stored.into_iter().filter(|(p, _)| touched.contains_key(p)).collect());
+                self.rewind(&stored, &touched);
                 return Ok(());
             };
             let offsets = TxnOffsets { topic: &self.cfg.topics.events, next: &commit, group: &group };
@@ -94,7 +94,7 @@ impl Pipeline {
                     self.metrics.transaction(false);
                     self.stats.aborted += 1;
                     warn!(reason = %why, partitions = ?touched.keys().collect::<Vec<_>>(), "Batch dropped: its transaction was aborted; consuming it again");
-                    self.consumer.rewind(&stored.into_iter().filter(|(p, _)| touched.contains_key(p)).collect());
+                    self.rewind(&stored, &touched);
                     return Ok(());
                 }
                 Err(e) => return Err(e.into()),
@@ -126,9 +126,10 @@ impl Pipeline {
     /// to that position, committed and stored like a batch without records.
     pub(super) fn skip_markers(&mut self, alive_at: Instant) -> Result<(), PipelineError> {
         let owned = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
+        let positions = self.consumer.positions();
         let ahead: BTreeMap<i32, i64> = owned
             .iter()
-            .filter_map(|(p, next)| self.consumer.position(*p).filter(|pos| pos > next).map(|pos| (*p, pos)))
+            .filter_map(|(p, next)| positions.get(p).filter(|pos| *pos > next).map(|pos| (*p, *pos)))
             .collect();
         if ahead.is_empty() {
             return Ok(());

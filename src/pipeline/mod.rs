@@ -445,7 +445,7 @@ impl Pipeline {
         if !self.fence.check(alive_at, self.consumer.assignment_lost()) {
             warn!(partitions = ?touched.keys().collect::<Vec<_>>(), "Batch dropped: the assignment may be lost (stalled or expelled)");
             self.stats.fenced += 1;
-            self.consumer.rewind(&stored.into_iter().filter(|(p, _)| touched.contains_key(p)).collect());
+            self.rewind(&stored, &touched);
             return Ok(());
         }
         if self.txn.is_some() {
@@ -487,6 +487,13 @@ impl Pipeline {
         );
         *self.in_flight.lock().expect("not poisoned") = Some(InFlight { sent, outbox, seqs, touched });
         Ok(())
+    }
+
+    /// A batch that writes nothing: its partitions (`touched`) go back to
+    /// their offsets before it (`stored`), so it is consumed again if they
+    /// are still ours.
+    fn rewind(&self, stored: &BTreeMap<i32, i64>, touched: &BTreeMap<i32, i64>) {
+        self.consumer.rewind(&stored.iter().filter(|(p, _)| touched.contains_key(p)).map(|(p, n)| (*p, *n)).collect());
     }
 
     /// A batch is applied and durable: the next starts past its offsets,

@@ -69,26 +69,32 @@ pub fn answer_event(cmd: &RepairCommand, outcome: &Outcome, at: i64, redactor: &
     }
 }
 
+/// A PROBE command of the unit tests: `crm`, idempotency key `k`, expected
+/// version 7.
+#[cfg(test)]
+pub(crate) fn probe_command(command_id: &str) -> RepairCommand {
+    RepairCommand {
+        command_id: command_id.into(),
+        verdict_id: "v".into(),
+        operation_id: "op".into(),
+        entity_id: "e".into(),
+        operation_type: "t".into(),
+        action: crate::core::RepairAction::Probe,
+        idempotency_key: Some("k".into()),
+        destination: "crm".into(),
+        expected_version: Some(7),
+        expected_fingerprint: None,
+        issued_at: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::core::event::ProbeErrorClass;
-    use crate::core::RepairAction;
 
     fn cmd() -> RepairCommand {
-        RepairCommand {
-            command_id: "c-1".into(),
-            verdict_id: "v".into(),
-            operation_id: "op".into(),
-            entity_id: "e".into(),
-            operation_type: "t".into(),
-            action: RepairAction::Probe,
-            idempotency_key: Some("k".into()),
-            destination: "crm".into(),
-            expected_version: Some(7),
-            expected_fingerprint: None,
-            issued_at: 0,
-        }
+        probe_command("c-1")
     }
 
     #[test]

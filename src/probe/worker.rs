@@ -480,19 +480,7 @@ mod tests {
         let server = DestinationServer::start(held).unwrap();
         let cfg = DestinationConfig { concurrency: 1, failure_threshold: 2, open_for_ms: 300, ..server.destination() };
         let dest = Destination { adapter: Adapter::build("crm", &cfg).unwrap(), guard: Guard::new(&cfg) };
-        let cmd = RepairCommand {
-            command_id: "c".into(),
-            verdict_id: "v".into(),
-            operation_id: "op".into(),
-            entity_id: "e".into(),
-            operation_type: "t".into(),
-            action: RepairAction::Probe,
-            idempotency_key: Some("k".into()),
-            destination: "crm".into(),
-            expected_version: Some(7),
-            expected_fingerprint: None,
-            issued_at: 0,
-        };
+        let cmd = crate::probe::answer::probe_command("c");
         let budget = Budget { max_attempts: 6, initial: Duration::from_millis(10), max: Duration::from_millis(20) };
         let metrics = ProbeMetrics::new(&prometheus::Registry::new(), ["crm".to_owned()]);
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

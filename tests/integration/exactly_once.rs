@@ -11,11 +11,12 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::check::{self, Figures};
 use common::child::Instance;
 use common::run::{broker_engine, stopped, wait_crash, BounceBroker, Run};
+use common::wait_for;
 use reconciler::config::{Config, Guarantee};
 use reconciler::kafka::reader::Isolation;
 use reconciler::loadgen::rng::Rng;
@@ -217,22 +218,22 @@ fn a_zombie_stopped_in_its_transaction_commits_nothing() {
     assert!(run.wait_caught_up(Duration::from_secs(90)), "the first instance did not catch up");
     // B joins and stops itself inside its first transaction.
     let b = run.spawn_named("b", &dir_b, Some(&format!("{}=1*return(stop)", EXACTLY_ONCE_CRASH_POINTS[0])));
-    let until = Instant::now() + Duration::from_secs(60);
-    while !stopped(b.pid()) {
-        assert!(Instant::now() < until, "the second instance never reached its stop point; log:\n{}", b.log_tail());
-        std::thread::sleep(Duration::from_millis(50)); // polling interval
-    }
+    assert!(
+        wait_for(Duration::from_secs(60), || stopped(b.pid())),
+        "the second instance never reached its stop point; log:\n{}",
+        b.log_tail()
+    );
     run.publish_part(&workload, 1, 2);
     // The stall itself: longer than the 6 s session.
     std::thread::sleep(Duration::from_secs(8));
     common::child::signal(b.pid(), "CONT");
     let log_b = run.dir.join("b.log");
     let aborted = || std::fs::read_to_string(&log_b).unwrap_or_default().matches("its transaction was aborted").count();
-    let until = Instant::now() + Duration::from_secs(30);
-    while aborted() == 0 {
-        assert!(Instant::now() < until, "the zombie's transaction was not aborted; log:\n{}", b.log_tail());
-        std::thread::sleep(Duration::from_millis(50)); // polling interval
-    }
+    assert!(
+        wait_for(Duration::from_secs(30), || aborted() > 0),
+        "the zombie's transaction was not aborted; log:\n{}",
+        b.log_tail()
+    );
     // No settling afterwards: noida-db 0.2.3's group coordinator does not
     // bring two members that rejoin after a stall back to a stable
     // assignment (it handed one partition to both and kept rebalancing for
@@ -292,29 +293,29 @@ fn the_broker_fences_a_zombie_with_the_same_transactional_id() {
     let (dir_1, dir_2) = (run.cfg.state_dir.clone(), common::temp_dir("eos-fence-2-state"));
     run.publish_part(&workload, 0, 2);
     let mut first = run.spawn_named("first", &dir_1, Some(&format!("{}=1*return(stop)", EXACTLY_ONCE_CRASH_POINTS[0])));
-    let until = Instant::now() + Duration::from_secs(60);
-    while !stopped(first.pid()) {
-        assert!(Instant::now() < until, "the first instance never reached its stop point; log:\n{}", first.log_tail());
-        std::thread::sleep(Duration::from_millis(50)); // polling interval
-    }
+    assert!(
+        wait_for(Duration::from_secs(60), || stopped(first.pid())),
+        "the first instance never reached its stop point; log:\n{}",
+        first.log_tail()
+    );
     // The replacement with the same transactional id (as a restarted pod
     // would be while the old one is paused).
     let second = run.spawn_named("second", &dir_2, None);
     let log_2 = run.dir.join("second.log");
-    let until = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&log_2).unwrap_or_default().contains("transactions initialised") {
-        assert!(Instant::now() < until, "the replacement never initialised transactions; log:\n{}", second.log_tail());
-        std::thread::sleep(Duration::from_millis(50)); // polling interval
-    }
+    assert!(
+        wait_for(Duration::from_secs(60), || std::fs::read_to_string(&log_2)
+            .unwrap_or_default()
+            .contains("transactions initialised")),
+        "the replacement never initialised transactions; log:\n{}",
+        second.log_tail()
+    );
     common::child::signal(first.pid(), "CONT");
-    let until = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = first.exited() {
-            break s;
-        }
-        assert!(Instant::now() < until, "the fenced instance did not stop; log:\n{}", first.log_tail());
-        std::thread::sleep(Duration::from_millis(50)); // polling interval
-    };
+    assert!(
+        wait_for(Duration::from_secs(60), || first.exited().is_some()),
+        "the fenced instance did not stop; log:\n{}",
+        first.log_tail()
+    );
+    let status = first.exited().expect("exited above");
     assert!(!status.success(), "a fenced instance exits non-zero");
     let log_1 = std::fs::read_to_string(run.dir.join("first.log")).unwrap_or_default();
     assert!(

@@ -6,6 +6,7 @@
 //! returns explain/review JSON, and the exception panel works in Chromium.
 
 use crate::common;
+use common::wait_for;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -13,7 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reconciler::clock::system_clock;
 use reconciler::codec::{validate_key, Codec};
@@ -175,18 +176,6 @@ impl Samples {
             .map(|(_, l, v)| (keys.iter().map(|k| l.get(*k).cloned().unwrap_or_default()).collect(), *v))
             .collect()
     }
-}
-
-/// Polls `cond` every 50 ms until it holds or `limit` passes.
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    cond()
 }
 
 /// The demo workload with no timer due during the test: windows of five

@@ -192,11 +192,11 @@ fn a_member_stopped_mid_batch_drops_the_batch_when_resumed() {
     assert!(run.wait_caught_up(Duration::from_secs(90)), "the first instance did not catch up");
     // B joins, gets partitions and stops itself at its first record.
     let b = run.spawn_named("b", &dir_b, Some("pipeline::mid_batch=1*return(stop)"));
-    let until = Instant::now() + Duration::from_secs(60);
-    while !stopped(b.pid()) {
-        assert!(Instant::now() < until, "the second instance never reached its stop point; log:\n{}", b.log_tail());
-        std::thread::sleep(Duration::from_millis(50)); // polling interval
-    }
+    assert!(
+        common::wait_for(Duration::from_secs(60), || stopped(b.pid())),
+        "the second instance never reached its stop point; log:\n{}",
+        b.log_tail()
+    );
     run.publish_part(&workload, 1, 2);
     run.wait_taken_over("the second instance stopped mid-batch");
     let mark = log_len(&b.log);

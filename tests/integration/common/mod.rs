@@ -29,6 +29,19 @@ pub fn brokers() -> String {
     std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
+/// Polls `cond` every 50 ms until it holds or `limit` passes; whether it
+/// held.
+pub fn wait_for(limit: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50)); // polling interval
+    }
+    cond()
+}
+
 /// A name no other test (or earlier run) uses.
 pub fn unique(name: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();

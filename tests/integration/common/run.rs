@@ -184,14 +184,7 @@ impl Run {
 
 /// Waits for a child to hit its crash point (it aborts).
 pub fn wait_crash(i: &mut Instance, timeout: Duration) -> bool {
-    let until = Instant::now() + timeout;
-    while Instant::now() < until {
-        if i.crashed() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50)); // polling interval
-    }
-    false
+    super::wait_for(timeout, || i.crashed())
 }
 
 /// The port of the test broker (KAFKA_BROKERS) plus one: a broker of the
