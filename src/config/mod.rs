@@ -77,6 +77,13 @@ pub struct Topics {
     pub dlq: String,
     /// Repair commands (`act` mode only).
     pub commands: String,
+    /// The state changelog: a compacted topic with one partition per input
+    /// partition, carrying every state change of a batch after its outputs
+    /// (SPEC §12). A partition without local state is restored from it
+    /// rather than by replaying the input. Empty: no changelog (a moved
+    /// partition then replays the input from its start, which needs the
+    /// input's whole history).
+    pub changelog: String,
     /// Partitions for topics the reconciler creates when missing.
     pub partitions: i32,
     /// Replication factor for topics the reconciler creates.
@@ -91,6 +98,7 @@ impl Default for Topics {
             anomalies: "ops.anomalies".into(),
             dlq: "ops.events.dlq".into(),
             commands: "ops.commands".into(),
+            changelog: "ops.state".into(),
             partitions: 6,
             replication_factor: 1,
         }
@@ -107,14 +115,21 @@ impl Topics {
             anomalies: format!("{prefix}.anomalies"),
             dlq: format!("{prefix}.dlq"),
             commands: format!("{prefix}.commands"),
+            changelog: format!("{prefix}.state"),
             partitions,
             replication_factor: 1,
         }
     }
 
-    /// Every topic the reconciler reads or writes.
+    /// The input topic and every output topic (not the changelog, which is
+    /// created compacted: see [`Topics::changelog`]).
     pub fn all(&self) -> [&str; 5] {
         [&self.events, &self.verdicts, &self.anomalies, &self.dlq, &self.commands]
+    }
+
+    /// The changelog topic, unless it is turned off (empty name).
+    pub fn changelog(&self) -> Option<&str> {
+        (!self.changelog.is_empty()).then_some(self.changelog.as_str())
     }
 }
 
@@ -430,13 +445,20 @@ impl Config {
             ("topics.anomalies", &t.anomalies),
             ("topics.dlq", &t.dlq),
             ("topics.commands", &t.commands),
+            ("topics.changelog", &t.changelog),
         ] {
+            if field == "topics.changelog" && name.is_empty() {
+                continue; // no changelog
+            }
             if name.is_empty()
                 || name.len() > 249
                 || !name.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
             {
                 return Err(invalid(field, format!("{name:?} is not a valid Kafka topic name")));
             }
+        }
+        if t.all().contains(&t.changelog.as_str()) {
+            return Err(invalid("topics.changelog", format!("{:?} is also an input or output topic", t.changelog)));
         }
         if t.partitions < 1 {
             return Err(invalid("topics.partitions", "must be at least 1"));

@@ -17,10 +17,35 @@ pub fn ensure_topics(
     partitions: i32,
     replication: i32,
 ) -> Result<(), KafkaError> {
+    create(kafka, topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect())
+}
+
+/// Creates the state changelog `changelog` of input topic `input` when it
+/// does not exist: compacted (the latest value of each key is the state),
+/// with as many partitions as the input (changelog partition = input
+/// partition). An existing changelog with fewer partitions than the input
+/// is refused: the state of the partitions beyond would have nowhere to go.
+pub fn ensure_changelog(
+    kafka: &BTreeMap<String, String>,
+    changelog: &str,
+    input: &str,
+    replication: i32,
+) -> Result<(), KafkaError> {
+    let marks = super::watermarks::Watermarks::new(kafka)?;
+    let partitions = marks.partition_count(input)?;
+    let new = NewTopic::new(changelog, partitions as i32, TopicReplication::Fixed(replication))
+        .set("cleanup.policy", "compact");
+    create(kafka, vec![new])?;
+    let has = marks.partition_count(changelog)?;
+    if has < partitions {
+        return Err(KafkaError::ChangelogPartitions { changelog: changelog.to_owned(), has, input: partitions });
+    }
+    Ok(())
+}
+
+fn create(kafka: &BTreeMap<String, String>, new: Vec<NewTopic<'_>>) -> Result<(), KafkaError> {
     let admin: AdminClient<DefaultClientContext> =
         client_config(&[], kafka, &[]).create().map_err(KafkaError::client("creating the admin client"))?;
-    let new: Vec<NewTopic> =
-        topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results =
         futures::executor::block_on(admin.create_topics(&new, &opts)).map_err(KafkaError::client("creating topics"))?;

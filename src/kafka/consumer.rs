@@ -73,20 +73,29 @@ impl ClientContext for GroupContext {}
 
 impl ConsumerContext for GroupContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
-        let mut a = self.assignment.lock().expect("not poisoned");
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                a.received = true;
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
                 let committed = self.committed(consumer, &partitions);
+                // Start offsets first, without the lock: finding one may
+                // restore a partition's state (minutes for a large one),
+                // and the state gauges and health checks read the
+                // assignment meanwhile.
+                let mut starts = Vec::with_capacity(partitions.len());
                 for p in partitions {
-                    let start = match (self.start_offsets)(p, committed.get(&p).copied()) {
-                        Ok(n) => n,
+                    match (self.start_offsets)(p, committed.get(&p).copied()) {
+                        Ok(n) => starts.push((p, n)),
                         Err(e) => {
+                            let mut a = self.assignment.lock().expect("not poisoned");
+                            a.received = true;
                             a.fatal = Some(format!("the start offset of partition {p}: {e}"));
                             return;
                         }
-                    };
+                    }
+                }
+                let mut a = self.assignment.lock().expect("not poisoned");
+                a.received = true;
+                for (p, start) in starts {
                     let offset = start.map_or(Offset::Beginning, Offset::Offset);
                     if let Err(e) = tpl.set_partition_offset(&self.topic, p, offset) {
                         warn!(partition = p, error = %e, "Cannot set the start offset");
@@ -102,6 +111,7 @@ impl ConsumerContext for GroupContext {
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let mut a = self.assignment.lock().expect("not poisoned");
                 // Commit what is acknowledged before letting go: the new
                 // owner restores silently up to the group's offsets, so a
                 // commit sent after the release would make it publish the

@@ -61,6 +61,16 @@ pub enum KafkaError {
     /// A topic the configuration names does not exist.
     #[error("topic {0} does not exist (check [topics] in the configuration)")]
     UnknownTopic(String),
+    /// The changelog topic has fewer partitions than the input topic.
+    #[error("changelog topic {changelog} has {has} partitions but the input topic has {input}: it needs at least as many (`topics.changelog`)")]
+    ChangelogPartitions {
+        /// The changelog topic.
+        changelog: String,
+        /// Its partitions.
+        has: usize,
+        /// The input's partitions.
+        input: usize,
+    },
     /// Something did not finish within its time budget.
     #[error("{0}")]
     Timeout(String),
@@ -86,7 +96,9 @@ impl KafkaError {
             KafkaError::Client { source, .. } => source.rdkafka_error_code(),
             KafkaError::Refused { code, .. } | KafkaError::NotAcknowledged { code, .. } => Some(*code),
             KafkaError::AckTimeout { .. } | KafkaError::Timeout(_) => None,
-            KafkaError::UnknownTopic(_) | KafkaError::Rebalance(_) => return false,
+            KafkaError::UnknownTopic(_) | KafkaError::Rebalance(_) | KafkaError::ChangelogPartitions { .. } => {
+                return false
+            }
         };
         code.is_none_or(|c| !fatal_code(c))
     }

@@ -191,3 +191,76 @@ pub fn read_to_end(
     out.sort_by_key(|r| (r.partition, r.offset));
     Ok(out)
 }
+
+/// What [`stream_partition`] stopped on.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError<E: std::error::Error + 'static> {
+    /// Reading failed.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// The visitor refused a record.
+    #[error(transparent)]
+    Visit(E),
+}
+
+/// Reads `partition` of `topic` from its low watermark to its high
+/// watermark at the time of the call (committed records only), handing
+/// each record's key and value to `visit` with the offsets left to read,
+/// without copying them. Fails when the partition stops making progress for
+/// `stall` (a broker gone away), not for taking long. Returns the records
+/// read.
+pub fn stream_partition<E: std::error::Error + 'static>(
+    kafka: &BTreeMap<String, String>,
+    topic: &str,
+    partition: i32,
+    stall: Duration,
+    mut visit: impl FnMut(Option<&[u8]>, Option<&[u8]>, i64) -> Result<(), E>,
+) -> Result<u64, StreamError<E>> {
+    use rdkafka::Message;
+    let consumer = reader_client(kafka)?;
+    let (low, high) = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .map_err(KafkaError::client(format!("watermarks of {topic}/{partition}")))?;
+    if high <= low {
+        return Ok(0);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(low)).map_err(KafkaError::client("assigning"))?;
+    consumer.assign(&tpl).map_err(KafkaError::client("assigning"))?;
+    let mut read = 0;
+    let mut progress_at = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                progress_at = Instant::now();
+                if m.offset() < high {
+                    read += 1;
+                    visit(m.key(), m.payload(), high - m.offset() - 1).map_err(StreamError::Visit)?;
+                }
+                if m.offset() + 1 >= high {
+                    return Ok(read);
+                }
+            }
+            Some(Err(e)) => {
+                return Err(KafkaError::Client { context: format!("reading {topic}/{partition}"), source: e }.into())
+            }
+            None => {
+                // Only transaction markers (or aborted records) may be left.
+                let pos =
+                    consumer.position().ok().and_then(|pos| match pos.find_partition(topic, partition)?.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                if pos.is_some_and(|o| o >= high) {
+                    return Ok(read);
+                }
+                if progress_at.elapsed() >= stall {
+                    return Err(KafkaError::Timeout(format!(
+                        "reading {topic}/{partition}: no progress for {stall:?} at position {pos:?} of {high}"
+                    ))
+                    .into());
+                }
+            }
+        }
+    }
+}

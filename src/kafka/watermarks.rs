@@ -33,6 +33,18 @@ impl Watermarks {
             .map_err(KafkaError::client(format!("watermarks of {topic}/{partition}")))
     }
 
+    /// How many partitions `topic` has.
+    pub fn partition_count(&self, topic: &str) -> Result<usize, KafkaError> {
+        let md = self
+            .client
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .map_err(KafkaError::client(format!("metadata of {topic}")))?;
+        match md.topics().iter().find(|t| t.name() == topic) {
+            Some(t) if t.error().is_none() => Ok(t.partitions().len()),
+            _ => Err(KafkaError::UnknownTopic(topic.to_owned())),
+        }
+    }
+
     /// Every partition of `topic` with its (low, high) watermarks.
     pub fn of_topic(&self, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, KafkaError> {
         topic_watermarks(&self.client, topic)

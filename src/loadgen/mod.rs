@@ -206,7 +206,14 @@ impl MemoryTopic {
     /// `r` as consumed: in its key's partition, at that partition's next offset.
     pub fn append(&mut self, r: OutboxRecord) -> Record {
         let key = r.key.as_deref().unwrap_or_default();
-        let partition = (xxhash_rust::xxh3::xxh3_64(key) % self.next.len() as u64) as usize;
+        let partition = (xxhash_rust::xxh3::xxh3_64(key) % self.next.len() as u64) as i32;
+        self.append_to(partition, r)
+    }
+
+    /// `r` as consumed from `partition` (a timer firing goes to its
+    /// operation's partition, whatever its key hashes to).
+    pub fn append_to(&mut self, partition: i32, r: OutboxRecord) -> Record {
+        let partition = partition as usize;
         let offset = self.next[partition];
         self.next[partition] += 1;
         Record {

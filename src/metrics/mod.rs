@@ -35,8 +35,10 @@ use prometheus::{
 use crate::core::event::ErrorClass;
 
 mod probe;
+mod restore;
 use crate::core::{Disposition, Escalation, OperationState, Output, RepairAction, Status};
 pub use probe::{ProbeMetrics, ProbeResult, UNKNOWN_DESTINATION};
+pub use restore::{RestoreMetrics, RestoreSource};
 
 /// Everything `registry` holds in the Prometheus text exposition format.
 pub fn render(registry: &Registry) -> String {
@@ -104,6 +106,8 @@ pub struct Readiness {
 
 /// All metrics of one reconciler process.
 pub struct Metrics {
+    /// The changelog's and the restores' metrics.
+    pub restore: RestoreMetrics,
     registry: Registry,
     types: BoundedLabels,
     error_codes: BoundedLabels,
@@ -386,6 +390,7 @@ impl Metrics {
             ),
             readiness: Mutex::new(Readiness::default()),
             ready: AtomicBool::new(false),
+            restore: RestoreMetrics::new(&r),
             registry: r,
         };
         for s in Status::ALL {
@@ -621,7 +626,9 @@ impl Metrics {
             &self.scan_duration,
             &self.scan_operations,
         ];
-        all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
+        let mut names: Vec<String> = all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect();
+        names.extend(self.restore.names());
+        names
     }
 
     /// The registry, for metrics registered next to the pipeline's (the

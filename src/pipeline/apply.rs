@@ -50,7 +50,8 @@ pub struct Applier<'a> {
     /// Most threads applying one batch (see [`crate::config::Consumer::apply_lanes`]).
     pub lanes: usize,
     /// Outputs are counted (stats, metrics, timeline) but neither encoded
-    /// nor stored: a replay that publishes nothing.
+    /// nor stored, and no changelog records are made: a replay that
+    /// publishes nothing.
     pub discard_outputs: bool,
 }
 
@@ -310,8 +311,9 @@ impl<'a> Applier<'a> {
         for (p, n) in &applied.touched {
             batch.set_offset(*p, *n);
         }
-        // Encoded here, on the lane's thread, which also frees the states.
-        applied.batch = batch.encode();
+        // Encoded here, on the lane's thread, which also frees the states;
+        // the changelog records too (none when nothing is published).
+        applied.batch = batch.encode(self.topics.changelog().filter(|_| !self.discard_outputs));
         Ok(applied)
     }
 }

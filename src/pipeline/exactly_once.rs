@@ -83,7 +83,7 @@ impl Pipeline {
             };
             let offsets = TxnOffsets { topic: &self.cfg.topics.events, next: &commit, group: &group };
             let (fence, consumer) = (&self.fence, &self.consumer);
-            let result = txn.run(outbox.iter().map(|r| (r, None)), Some(offsets), || {
+            let result = txn.run(outbox.iter().map(|r| (r, self.route(r))), Some(offsets), || {
                 faults::point("pipeline::before_commit");
                 // A stall since the last poll may have cost the partitions.
                 fence.check(alive_at, consumer.assignment_lost())
@@ -141,7 +141,7 @@ impl Pipeline {
         let b = Batch {
             records: 0,
             started: Instant::now(),
-            encoded: offsets.encode(),
+            encoded: offsets.encode(self.cfg.topics.changelog()),
             touched: ahead,
             deadlines: Vec::new(),
         };
@@ -158,7 +158,7 @@ impl Pipeline {
     ) -> Result<(), PipelineError> {
         let mut backoff = Duration::from_millis(100);
         loop {
-            match txn.run(records.iter().map(|r| (*r, None)), None, || true) {
+            match txn.run(records.iter().map(|r| (*r, self.route(r))), None, || true) {
                 Ok(_) => {
                     self.metrics.transaction(true);
                     return Ok(());

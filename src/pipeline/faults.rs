@@ -27,7 +27,8 @@ pub const CRASH_POINTS: [&str; 6] = [
     "pipeline::timer_fired",
     // On restart: the previous outbox re-published, not yet cleared.
     "pipeline::after_republish",
-    // Restoring a partition from the log (silent records applied).
+    // Restoring a partition: changelog records read into the store, or
+    // input records applied silently.
     "pipeline::restoring",
 ];
 

@@ -43,7 +43,12 @@ use crate::kafka::watermarks::Watermarks;
 use crate::kafka::{admin, KafkaError};
 use crate::metrics::{Metrics, Readiness};
 use crate::records::{OutboxRecord, Record, DLQ_HEADER_ROOM};
-use crate::store::{Store, StoreError};
+use crate::store::{changelog, Store, StoreError};
+
+/// The partition of a changelog record (from its key).
+fn changelog_partition(r: &OutboxRecord) -> Option<i32> {
+    changelog::partition_of(r.key.as_deref().unwrap_or_default())
+}
 
 /// Why the pipeline stopped.
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +203,8 @@ fn acknowledged(publisher: &Publisher, sent: Sent) -> bool {
 struct InFlight {
     sent: Sent,
     outbox: Vec<OutboxRecord>,
+    /// Its changelog records: published once `outbox` is acknowledged.
+    changelog: Vec<OutboxRecord>,
     /// Its outbox entries in the store.
     seqs: std::ops::Range<u64>,
     /// Its partitions and their next offsets.
@@ -233,8 +240,16 @@ impl Pipeline {
         // "One lane per core" resolved once: finding the core count reads
         // the affinity mask and cgroup files, too much for every batch.
         cfg.consumer.apply_threads = cfg.consumer.apply_lanes();
+        if replay.is_some() {
+            // A rebuild publishes into scratch topics or nowhere: never
+            // into the live changelog.
+            cfg.topics.changelog.clear();
+        }
         let t = &cfg.topics;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
+        if let Some(changelog) = t.changelog() {
+            admin::ensure_changelog(&cfg.kafka, changelog, &t.events, t.replication_factor)?;
+        }
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|source| PipelineError::StateDir { dir: cfg.state_dir.display().to_string(), source })?;
         let store = Arc::new(match replay {
@@ -256,15 +271,22 @@ impl Pipeline {
             Some(t) => t.publisher(),
             None => Arc::new(Publisher::new(&cfg.kafka, max_bytes)?),
         };
+        let metrics = Arc::new(Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types));
         // Each partition starts where its state says (the offsets live
-        // beside the state, written in the same batch; the group's
-        // committed offset only decides what is restored silently).
-        let offsets = store.clone();
-        let start = Box::new(move |p, _committed| offsets.next_offset(p).map_err(|e| e.to_string()));
+        // beside the state, written in the same batch), after a restore
+        // from the changelog when the local state is missing or behind the
+        // group's committed offset (see [`restore`]).
+        let changelog = restore::Changelog {
+            kafka: cfg.kafka.clone(),
+            topic: t.changelog().map(str::to_owned),
+            store: store.clone(),
+            metrics: metrics.clone(),
+            stall: Duration::from_millis(cfg.consumer.give_up_after_ms),
+        };
+        let start = Box::new(move |p, committed| changelog.start_offset(p, committed).map_err(|e| e.to_string()));
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
         let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
         let fence = restore::Fence::new(&cfg.kafka);
-        let metrics = Arc::new(Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types));
         Ok(Pipeline {
             metrics,
             policy: cfg.policy(),
@@ -371,9 +393,17 @@ impl Pipeline {
         if pending.is_empty() {
             return Ok(());
         }
-        info!(records = pending.len(), "Re-publishing the outbox of the previous run");
         let (first, last) = (pending[0].0, pending[pending.len() - 1].0);
-        let records: Vec<&OutboxRecord> = pending.iter().map(|(_, r)| r).collect();
+        let (records, changelog) = self.split_changelog(pending.into_iter().map(|(_, r)| r).collect());
+        info!(records = records.len(), changelog = changelog.len(), "Re-publishing the outbox of the previous run");
+        // Its changelog records are not: the partitions may have moved
+        // since, and a new owner's changelog must not get old records after
+        // its own. The local state of their partitions is forgotten
+        // instead, so that it is restored from the changelog (which lacks
+        // only what is re-applied then).
+        self.forget_partitions(&changelog)?;
+        let republished = records.len();
+        let records: Vec<&OutboxRecord> = records.iter().collect();
         match &self.txn {
             // Only an at_least_once run leaves an outbox behind: its last
             // batch goes out once more, in a transaction of its own.
@@ -382,7 +412,7 @@ impl Pipeline {
         }
         faults::point("pipeline::after_republish");
         self.store.ack_outbox(first..last + 1)?;
-        self.metrics.outbox_republished(pending.len());
+        self.metrics.outbox_republished(republished);
         Ok(())
     }
 
@@ -397,7 +427,7 @@ impl Pipeline {
         let give_up_after = Duration::from_millis(self.cfg.consumer.give_up_after_ms);
         let mut refused_since: Option<Instant> = None;
         loop {
-            match self.publisher.publish_all(records.iter().map(|r| (*r, None))) {
+            match self.publisher.publish_all(records.iter().map(|r| (*r, self.route(r)))) {
                 Ok(_) => {
                     self.metrics.set_publish_refused(None);
                     return Ok(());
@@ -461,7 +491,8 @@ impl Pipeline {
         // one was applied; they go first, so outputs keep the input order.
         self.finish_in_flight(shutdown)?;
         let acked = started.elapsed();
-        let outbox = batch.into_outbox();
+        let (outbox, changelog) = self.split_changelog(batch.into_outbox());
+        self.metrics.restore.set_changelog_pending(changelog.len());
         let sent = if self.discard_outputs || outbox.is_empty() {
             Sent::Nothing
         } else {
@@ -485,7 +516,7 @@ impl Pipeline {
             next_offsets = ?touched,
             "Batch committed"
         );
-        *self.in_flight.lock().expect("not poisoned") = Some(InFlight { sent, outbox, seqs, touched });
+        *self.in_flight.lock().expect("not poisoned") = Some(InFlight { sent, outbox, changelog, seqs, touched });
         Ok(())
     }
 
@@ -522,6 +553,7 @@ impl Pipeline {
             self.publish_with_retry(f.outbox.iter().collect(), shutdown)?;
         }
         faults::point("pipeline::after_publish");
+        self.publish_changelog(f.changelog, shutdown)?;
         self.store.ack_outbox(f.seqs)?;
         self.consumer.commit_for_visibility(&f.touched);
         Ok(())
@@ -534,6 +566,7 @@ impl Pipeline {
     /// it again.
     fn install_revoke_hook(&self) {
         let (in_flight, publisher, store) = (self.in_flight.clone(), self.publisher.clone(), self.store.clone());
+        let metrics = self.metrics.clone();
         self.consumer.on_revoke(Box::new(move || {
             let mut slot = in_flight.lock().expect("not poisoned");
             let mut f = slot.take()?;
@@ -542,6 +575,18 @@ impl Pipeline {
                 *slot = Some(f);
                 return None;
             }
+            // Every partition is still owned here: the changelog goes out
+            // whole before the release, or the run loop sorts it out.
+            let routed = f.changelog.iter().map(|r| (r, changelog_partition(r)));
+            if let Err(e) = publisher.publish_all(routed) {
+                warn!(error = %e, "Publishing the changelog before releasing partitions failed; the run loop retries");
+                f.sent = Sent::Nothing;
+                *slot = Some(f);
+                return None;
+            }
+            metrics.restore.changelog_published(f.changelog.len());
+            metrics.restore.set_changelog_pending(0);
+            f.changelog.clear();
             if let Err(e) = store.ack_outbox(f.seqs.clone()) {
                 warn!(error = %e, "Forgetting acknowledged outputs failed; the run loop retries");
                 f.sent = Sent::Nothing;
@@ -550,6 +595,49 @@ impl Pipeline {
             }
             Some(f.touched)
         }));
+    }
+
+    /// The partition a record of the outbox goes to: a changelog record to
+    /// its state's, every other by its key.
+    fn route(&self, r: &OutboxRecord) -> Option<i32> {
+        self.cfg.topics.changelog().filter(|t| r.topic == *t).and_then(|_| changelog_partition(r))
+    }
+
+    /// Splits records of the outbox into outputs and changelog records.
+    fn split_changelog(&self, records: Vec<OutboxRecord>) -> (Vec<OutboxRecord>, Vec<OutboxRecord>) {
+        match self.cfg.topics.changelog() {
+            Some(topic) => records.into_iter().partition(|r| r.topic != topic),
+            None => (records, Vec::new()),
+        }
+    }
+
+    /// Publishes a stored batch's changelog records (its outputs being
+    /// acknowledged), each to its partition, until acknowledged; those of
+    /// partitions no longer owned are not published, and their partitions'
+    /// local state is forgotten (see [`restore`]).
+    fn publish_changelog(&self, records: Vec<OutboxRecord>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let owned = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
+        let (mine, moved): (Vec<_>, Vec<_>) =
+            records.into_iter().partition(|r| changelog_partition(r).is_some_and(|p| owned.contains_key(&p)));
+        self.forget_partitions(&moved)?;
+        self.publish_with_retry(mine.iter().collect(), shutdown)?;
+        self.metrics.restore.changelog_published(mine.len());
+        self.metrics.restore.set_changelog_pending(0);
+        Ok(())
+    }
+
+    /// Forgets the local state of the partitions of changelog records that
+    /// will not be published.
+    fn forget_partitions(&self, records: &[OutboxRecord]) -> Result<(), PipelineError> {
+        let partitions: std::collections::BTreeSet<i32> = records.iter().filter_map(changelog_partition).collect();
+        for p in partitions {
+            warn!(partition = p, "Changelog records of the partition were not published; forgetting its local state (restored from the changelog when assigned again)");
+            self.store.forget_partition(p)?;
+        }
+        Ok(())
     }
 
     /// Publishes `DeadlineReached` for the due timers of owned, caught-up

@@ -38,10 +38,29 @@
 //! (Under `exactly_once` the committed offset moves only with a committed
 //! transaction, so the same holds there.)
 //!
-//! (A compacted changelog topic, as Kafka Streams does, would make the
-//! restore cost proportional to the state rather than to the log since the
-//! local offset; replaying the input is simpler and needs no second
-//! source of truth. The full rebuild stays `replay`.)
+//! # From the changelog
+//!
+//! Replaying the input needs its whole history since the local offset: on
+//! a new machine that is the whole topic, which retention deletes (and
+//! which takes hours to replay at scale). So before any of that, a
+//! partition whose local state is missing or behind the group's committed
+//! offset is restored from the state changelog ([`crate::store::changelog`],
+//! [`Changelog::start_offset`]): its changelog partition is read to the end
+//! into the store, replacing what the store held of it, and consumption
+//! starts at the offset the changelog records. The changelog of a batch is
+//! published only after the batch's outputs are acknowledged, and the
+//! group offset is committed only after that, so the changelog's offset is
+//! at or past the committed one: nothing is left to restore silently, and
+//! nothing the changelog holds lacks its published outputs. An empty
+//! changelog (none yet, or none configured) leaves the input replay above.
+//! The full rebuild stays `replay`.
+//!
+//! Local state is kept only while the changelog holds everything it holds:
+//! changelog records that could not be published (a crash before, or the
+//! partition revoked meanwhile) make the instance forget the partition's
+//! local state, so that it is restored from the changelog (and its batches
+//! since re-applied, byte-identical) rather than kept with changes the
+//! changelog lacks.
 //!
 //! # Zombie fence
 //!
@@ -68,7 +87,95 @@
 //! one batch behind its committed transaction (see `exactly_once.rs`).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use crate::kafka::reader::{stream_partition, StreamError};
+use crate::metrics::{Metrics, RestoreSource};
+use crate::store::{Store, StoreError};
+
+/// Restores partitions from the state changelog on assignment.
+pub struct Changelog {
+    /// The `[kafka]` settings.
+    pub kafka: BTreeMap<String, String>,
+    /// The changelog topic; `None`: no changelog.
+    pub topic: Option<String>,
+    /// The store restored into.
+    pub store: Arc<Store>,
+    /// Where restores are counted.
+    pub metrics: Arc<Metrics>,
+    /// A restore that makes no progress for this long fails.
+    pub stall: Duration,
+}
+
+impl Changelog {
+    /// Where assigned `partition` starts, given the group's `committed`
+    /// offset: the local offset, unless the local state is missing or behind
+    /// `committed` and the changelog has the partition's state, which then
+    /// replaces it. A changelog that cannot be read (unreachable, another
+    /// store format, damaged) leaves the input replay.
+    pub fn start_offset(&self, partition: i32, committed: Option<i64>) -> Result<Option<i64>, StoreError> {
+        let local = self.store.next_offset(partition)?;
+        let behind = local.is_none() || committed.is_some_and(|c| Some(c) > local);
+        if let (true, Some(topic)) = (behind, &self.topic) {
+            match self.restore(topic, partition) {
+                Ok(Some(next)) => {
+                    self.metrics.restore.restored(RestoreSource::Changelog);
+                    return Ok(Some(next));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(partition, error = %e, "Restoring from the changelog failed; replaying the input instead")
+                }
+            }
+        }
+        // (Re-read: a failed restore leaves the partition empty.)
+        let local = self.store.next_offset(partition)?;
+        let source = if target(local, committed).is_some() { RestoreSource::Input } else { RestoreSource::Local };
+        self.metrics.restore.restored(source);
+        Ok(local)
+    }
+
+    /// Reads `partition`'s changelog into the store; the offset it restored
+    /// to, or `None` when the changelog holds nothing of it.
+    fn restore(&self, topic: &str, partition: i32) -> Result<Option<i64>, StreamError<StoreError>> {
+        let started = Instant::now();
+        let m = &self.metrics.restore;
+        let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        m.restore_started(partition, unix.as_secs_f64());
+        let mut into = self.store.restoring(partition);
+        let read = stream_partition(&self.kafka, topic, partition, self.stall, |key, value, remaining| {
+            if remaining % 4096 == 0 {
+                m.restore_progress(partition, remaining);
+            }
+            super::faults::point("pipeline::restoring");
+            into.apply(key.unwrap_or_default(), value)
+        });
+        let records = into.records();
+        let result = match read {
+            Ok(_) => into.finish().map_err(StreamError::Visit),
+            Err(e) => {
+                if records > 0 {
+                    into.abandon().map_err(StreamError::Visit)?;
+                }
+                Err(e)
+            }
+        };
+        m.restore_finished(partition, started.elapsed().as_secs_f64(), records);
+        if let Ok(Some(next)) = result {
+            info!(
+                partition,
+                records,
+                next_offset = next,
+                seconds = started.elapsed().as_secs_f64(),
+                "Partition restored from the changelog"
+            );
+        }
+        result
+    }
+}
 
 /// Where a newly assigned partition must restore up to without publishing:
 /// the group's committed offset when it is ahead of the local one.

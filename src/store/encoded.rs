@@ -26,6 +26,19 @@ pub(crate) enum Family {
     Offsets,
 }
 
+impl Family {
+    /// Its column family's name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Family::Timeline => super::rocks::TIMELINE,
+            Family::Ops => super::rocks::OPS,
+            Family::Entities => super::rocks::ENTITIES,
+            Family::Timers => super::rocks::TIMERS,
+            Family::Offsets => super::rocks::OFFSETS,
+        }
+    }
+}
+
 /// One write of an encoded batch; keys and values are ranges of the
 /// batch's byte buffer.
 #[derive(Debug, Clone)]
@@ -39,11 +52,13 @@ pub(crate) enum Write {
         family: Family,
         key: Range<usize>,
     },
-    /// Deletes `[from, to)`.
+    /// Deletes `[from, to)`: an operation's timeline (`from` its head),
+    /// which used its first `slots` ring slots (the changelog's tombstones).
     DeleteRange {
         family: Family,
         from: Range<usize>,
         to: Range<usize>,
+        slots: u32,
     },
 }
 
@@ -191,8 +206,10 @@ impl Batch {
     /// entries first (an operation deleted in the same batch takes them
     /// with it), then operations, entities, timers, offsets; each family in
     /// key order. The outputs are kept as they are: the store encodes them
-    /// as the batch's one outbox value when it writes.
-    pub fn encode(self) -> Encoded {
+    /// as the batch's one outbox value when it writes. With a `changelog`
+    /// topic, the batch's changelog records (see [`super::changelog`]) follow
+    /// the outputs in the outbox.
+    pub fn encode(self, changelog: Option<&str>) -> Encoded {
         let mut part = Part {
             bytes: Vec::with_capacity(256 * self.timeline.len() + 4096),
             writes: Vec::new(),
@@ -214,7 +231,8 @@ impl Batch {
                     // this batch's entries, which it removes too).
                     let from = part.push(&keys::timeline_head(*p, id));
                     let to = part.push(&keys::timeline_end(*p, id));
-                    part.writes.push(Write::DeleteRange { family: Family::Timeline, from, to });
+                    let slots = (*timeline_total).min(super::timeline::TIMELINE_CAP) as u32;
+                    part.writes.push(Write::DeleteRange { family: Family::Timeline, from, to, slots });
                 }
             }
         }
@@ -233,6 +251,10 @@ impl Batch {
         }
         for (p, next) in &self.offsets {
             part.put_bytes(Family::Offsets, &keys::partition_prefix(*p), &keys::offset(*next));
+        }
+        if let Some(topic) = changelog {
+            let records = super::changelog::records(&part, topic);
+            part.outbox.extend(records);
         }
         Encoded { parts: vec![part] }
     }

@@ -8,13 +8,14 @@
 //! loses the whole lane (it is consumed again and gives the same result) or
 //! keeps all of it (its outputs are re-published from the outbox).
 
+pub mod changelog;
 mod encoded;
 mod keys;
 mod rocks;
 pub mod timeline;
 
 pub use encoded::{Encoded, OpSummary};
-pub use rocks::{Store, StoreError, StoreSize};
+pub use rocks::{Restoring, Store, StoreError, StoreSize};
 pub use timeline::{Timeline, TimelineEntry};
 
 use serde::{Deserialize, Serialize};

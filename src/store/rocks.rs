@@ -16,13 +16,13 @@ use crate::config::StoreTuning;
 use crate::core::{EntityState, OperationState};
 use crate::records::OutboxRecord;
 
-const OPS: &str = "ops";
-const ENTITIES: &str = "entities";
-const TIMERS: &str = "timers";
-const OFFSETS: &str = "offsets";
+pub(super) const OPS: &str = "ops";
+pub(super) const ENTITIES: &str = "entities";
+pub(super) const TIMERS: &str = "timers";
+pub(super) const OFFSETS: &str = "offsets";
 const OUTBOX: &str = "outbox";
 const META: &str = "meta";
-const TIMELINE: &str = "timeline";
+pub(super) const TIMELINE: &str = "timeline";
 const FAMILIES: [&str; 7] = [OPS, ENTITIES, TIMERS, OFFSETS, OUTBOX, META, TIMELINE];
 
 /// A store operation that failed.
@@ -60,6 +60,14 @@ pub enum StoreError {
         /// The column family missing.
         family: &'static str,
     },
+    /// A changelog record written by a version with another store format.
+    #[error("the changelog holds store format {found}, this version reads format {expected}")]
+    ChangelogFormat {
+        /// The format of the record.
+        found: u32,
+        /// The format this version reads.
+        expected: u32,
+    },
     /// The directory holds a store format this version does not read.
     #[error(
         "state directory {dir} holds store format {found}, this version reads format {expected}: rebuild it with `reconciler replay` into a new directory (or delete it to rebuild from the log)"
@@ -78,7 +86,7 @@ pub enum StoreError {
 /// its timeline total; the outbox holds one value per batch. 3: follow-ups,
 /// requeue counts, scheduled retries and supersession in the operation;
 /// operation counts and open operations in the entity.
-const FORMAT: u32 = 3;
+pub(super) const FORMAT: u32 = 3;
 
 /// The size of a store ([`Store::size`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -462,6 +470,19 @@ impl Store {
         Ok(())
     }
 
+    /// Every key and value of every partition's state (operations,
+    /// entities, timers, timelines, offsets), by family in key order: what a
+    /// changelog restore must reproduce (tests, diagnostics).
+    pub fn scan_partitions_state(&self, mut f: impl FnMut(&str, &[u8], &[u8])) -> Result<(), StoreError> {
+        for family in [OPS, ENTITIES, TIMERS, TIMELINE, OFFSETS] {
+            for item in self.db.iterator_cf(self.cf(family), IteratorMode::Start) {
+                let (k, v) = item?;
+                f(family, &k, &v);
+            }
+        }
+        Ok(())
+    }
+
     /// Outputs written but not yet acknowledged by the broker, in order,
     /// each with the outbox sequence number of its batch.
     pub fn pending_outbox(&self) -> Result<Vec<(u64, OutboxRecord)>, StoreError> {
@@ -477,7 +498,7 @@ impl Store {
 
     /// Writes a batch atomically; see [`Store::write_encoded`].
     pub fn commit(&self, batch: Batch) -> Result<std::ops::Range<u64>, StoreError> {
-        self.write_encoded(&batch.encode())
+        self.write_encoded(&batch.encode(None))
     }
 
     /// Writes an encoded batch: each part atomically (its partitions' state
@@ -515,20 +536,15 @@ impl Store {
         // each: the batch's buffer is then never copied to grow.
         let mut wb = WriteBatch::with_capacity_bytes(part.bytes.len() + 16 * part.writes.len() + 64);
         // Handles looked up once, not per write (each is a lookup by name).
-        let families = [
-            (Family::Timeline, self.cf(TIMELINE)),
-            (Family::Ops, self.cf(OPS)),
-            (Family::Entities, self.cf(ENTITIES)),
-            (Family::Timers, self.cf(TIMERS)),
-            (Family::Offsets, self.cf(OFFSETS)),
-        ];
+        let families = [Family::Timeline, Family::Ops, Family::Entities, Family::Timers, Family::Offsets]
+            .map(|f| (f, self.cf(f.name())));
         let cf = |family: Family| families.iter().find(|(f, _)| *f == family).expect("every family").1;
         let bytes = &part.bytes;
         for w in &part.writes {
             match w {
                 Write::Put { family, key, value } => wb.put_cf(cf(*family), &bytes[key.clone()], &bytes[value.clone()]),
                 Write::Delete { family, key } => wb.delete_cf(cf(*family), &bytes[key.clone()]),
-                Write::DeleteRange { family, from, to } => {
+                Write::DeleteRange { family, from, to, .. } => {
                     wb.delete_range_cf(cf(*family), &bytes[from.clone()], &bytes[to.clone()])
                 }
             }
@@ -563,11 +579,110 @@ impl Store {
         Ok(())
     }
 
+    /// Starts restoring `partition` from its changelog (see [`Restoring`]).
+    pub fn restoring(&self, partition: i32) -> Restoring<'_> {
+        Restoring { store: self, partition, wb: WriteBatch::default(), offset: None, records: 0 }
+    }
+
+    /// Forgets everything the store holds of `partition`: its next
+    /// assignment restores it (from the changelog, else the input).
+    pub fn forget_partition(&self, partition: i32) -> Result<(), StoreError> {
+        let mut wb = WriteBatch::default();
+        self.wipe_partition(partition, &mut wb);
+        self.write(wb)
+    }
+
+    /// Deletes everything the store holds of `partition` (not yet durable:
+    /// `wb` is written by the caller).
+    fn wipe_partition(&self, partition: i32, wb: &mut WriteBatch) {
+        let (from, to) = (keys::partition_prefix(partition), ((partition as u32) + 1).to_be_bytes());
+        for family in [TIMELINE, OPS, ENTITIES, TIMERS, OFFSETS] {
+            wb.delete_range_cf(self.cf(family), from, to);
+        }
+    }
+
     /// Writes every memtable to disk and waits for it: what a store opened
     /// for a rebuild holds is durable from then on.
     pub fn flush(&self) -> Result<(), StoreError> {
         let families: Vec<_> = FAMILIES.iter().map(|f| self.cf(f)).collect();
         self.db.flush_cfs_opt(&families, &rocksdb::FlushOptions::default())?;
         Ok(())
+    }
+}
+
+/// A partition's state being replaced by its changelog: the first record
+/// deletes what the store held of the partition, the records are written
+/// in chunks as they come, and the next offset goes last. A crash midway
+/// leaves the partition without an offset, so the next assignment
+/// restores it again from the start; the partition is never half old,
+/// half new with an offset that claims otherwise.
+pub struct Restoring<'a> {
+    store: &'a Store,
+    partition: i32,
+    wb: WriteBatch,
+    offset: Option<i64>,
+    records: u64,
+}
+
+/// Bytes of restored records written in one RocksDB write.
+const RESTORE_CHUNK_BYTES: usize = 8 << 20;
+
+impl Restoring<'_> {
+    /// Applies one changelog record of the partition (`value` `None`: a
+    /// tombstone).
+    pub fn apply(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
+        use super::changelog::{change, Change, Unreadable};
+        if self.records == 0 {
+            self.store.wipe_partition(self.partition, &mut self.wb);
+        }
+        self.records += 1;
+        match change(self.partition, key, value) {
+            Ok(Change::Offset(next)) => self.offset = Some(next),
+            Ok(Change::Write { family, key, value }) => {
+                let cf = self.store.cf(family.name());
+                match value {
+                    Some(v) => self.wb.put_cf(cf, key, v),
+                    None => self.wb.delete_cf(cf, key),
+                }
+            }
+            Err(Unreadable::Format(found)) => {
+                return Err(StoreError::ChangelogFormat { found: found.into(), expected: FORMAT })
+            }
+            Err(Unreadable::Malformed) => {
+                return Err(StoreError::Corrupt {
+                    what: "changelog record",
+                    reason: format!("key {key:02x?} is not a changelog key of partition {}", self.partition),
+                })
+            }
+        }
+        if self.wb.size_in_bytes() >= RESTORE_CHUNK_BYTES {
+            self.store.write(std::mem::take(&mut self.wb))?;
+        }
+        Ok(())
+    }
+
+    /// Changelog records applied so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Writes the rest and the next offset; returns that offset, or `None`
+    /// when the changelog had nothing (the store is left as it was) or no
+    /// offset (the partition is left empty).
+    pub fn finish(mut self) -> Result<Option<i64>, StoreError> {
+        if let Some(next) = self.offset {
+            self.wb.put_cf(self.store.cf(OFFSETS), keys::partition_prefix(self.partition), keys::offset(next));
+        } else if self.records > 0 {
+            self.store.wipe_partition(self.partition, &mut self.wb);
+        }
+        self.store.write(std::mem::take(&mut self.wb))?;
+        Ok(self.offset)
+    }
+
+    /// Gives up: the partition is left empty (it then replays the input).
+    pub fn abandon(mut self) -> Result<(), StoreError> {
+        self.wb.clear();
+        self.store.wipe_partition(self.partition, &mut self.wb);
+        self.store.write(std::mem::take(&mut self.wb))
     }
 }

@@ -13,6 +13,7 @@
 mod common;
 
 mod broker_gaps;
+mod changelog;
 mod deploy;
 mod exactly_once;
 mod http;

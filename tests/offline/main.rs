@@ -5,6 +5,7 @@
 //! line, and the pipeline's batch step on several lanes against RocksDB.
 //! The rest is in `tests/integration` (feature `kafka-integration-tests`).
 
+mod changelog;
 mod cli;
 mod codec;
 mod fuzz_corpus;

@@ -1,0 +1,143 @@
+//! Metrics of the state changelog and of restores (issue 17): how each
+//! assigned partition got its state, how long a changelog restore took and
+//! how far one in progress is, and what the changelog still owes.
+
+use prometheus::core::Collector;
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+
+use super::{counter, gauge_vec, int_counter, int_gauge, int_gauge_vec};
+
+/// Where an assigned partition's state came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreSource {
+    /// Read from the changelog topic.
+    Changelog,
+    /// Replayed from the input topic without publishing, up to the group's
+    /// committed offset (no changelog, or it could not be used).
+    Input,
+    /// The local store was current: nothing to restore.
+    Local,
+}
+
+impl RestoreSource {
+    const ALL: [RestoreSource; 3] = [RestoreSource::Changelog, RestoreSource::Input, RestoreSource::Local];
+
+    fn label(self) -> &'static str {
+        match self {
+            RestoreSource::Changelog => "changelog",
+            RestoreSource::Input => "input",
+            RestoreSource::Local => "local",
+        }
+    }
+}
+
+/// The changelog and restore metrics.
+pub struct RestoreMetrics {
+    restores: IntCounterVec,
+    records: IntCounter,
+    duration: GaugeVec,
+    remaining: IntGaugeVec,
+    started: GaugeVec,
+    published: IntCounter,
+    pending: IntGauge,
+}
+
+impl RestoreMetrics {
+    /// Registers them in `r`, every source's series present from the start.
+    pub fn new(r: &Registry) -> RestoreMetrics {
+        let m = RestoreMetrics {
+            restores: counter(
+                r,
+                "reconciler_partition_restores_total",
+                "Partitions assigned, by where their state came from: changelog, input (replayed without publishing) or local (already current).",
+                &["source"],
+            ),
+            records: int_counter(
+                r,
+                "reconciler_changelog_restored_records_total",
+                "Changelog records read into the store by restores.",
+            ),
+            duration: gauge_vec(
+                r,
+                "reconciler_changelog_restore_seconds",
+                "Wall time of the last restore of a partition from the changelog.",
+                &["partition"],
+            ),
+            remaining: int_gauge_vec(
+                r,
+                "reconciler_changelog_restore_remaining_records",
+                "Offsets of the changelog partition still to read by the restore in progress (0 when none runs).",
+                &["partition"],
+            ),
+            started: gauge_vec(
+                r,
+                "reconciler_changelog_restore_started_timestamp_seconds",
+                "Start (Unix time) of the restore of a partition from the changelog in progress; absent when none runs.",
+                &["partition"],
+            ),
+            published: int_counter(
+                r,
+                "reconciler_changelog_records_total",
+                "Changelog records published (acknowledged by the broker).",
+            ),
+            pending: int_gauge(
+                r,
+                "reconciler_changelog_pending_records",
+                "Changelog records of stored batches not yet published: the changelog's lag behind the local state.",
+            ),
+        };
+        for s in RestoreSource::ALL {
+            m.restores.with_label_values(&[s.label()]);
+        }
+        m
+    }
+
+    /// An assigned partition got its state from `source`.
+    pub fn restored(&self, source: RestoreSource) {
+        self.restores.with_label_values(&[source.label()]).inc();
+    }
+
+    /// A changelog restore of `partition` began at Unix time `at` (seconds).
+    pub fn restore_started(&self, partition: i32, at: f64) {
+        self.started.with_label_values(&[&partition.to_string()]).set(at);
+    }
+
+    /// A restore of `partition` in progress has `remaining` offsets left.
+    pub fn restore_progress(&self, partition: i32, remaining: i64) {
+        self.remaining.with_label_values(&[&partition.to_string()]).set(remaining);
+    }
+
+    /// A changelog restore of `partition` ended after `seconds`, having
+    /// read `records`.
+    pub fn restore_finished(&self, partition: i32, seconds: f64, records: u64) {
+        let label = partition.to_string();
+        let _ = self.started.remove_label_values(&[&label]);
+        self.remaining.with_label_values(&[&label]).set(0);
+        self.duration.with_label_values(&[&label]).set(seconds);
+        self.records.inc_by(records);
+    }
+
+    /// `n` changelog records were acknowledged.
+    pub fn changelog_published(&self, n: usize) {
+        self.published.inc_by(n as u64);
+    }
+
+    /// `n` changelog records wait for their batch's outputs.
+    pub fn set_changelog_pending(&self, n: usize) {
+        self.pending.set(n as i64);
+    }
+
+    /// The name of every metric here.
+    pub fn names(&self) -> Vec<String> {
+        let all: [&dyn Collector; 7] = [
+            &self.restores,
+            &self.records,
+            &self.duration,
+            &self.remaining,
+            &self.started,
+            &self.published,
+            &self.pending,
+        ];
+        all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
+    }
+}

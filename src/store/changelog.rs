@@ -1,0 +1,182 @@
+//! The state changelog (SPEC §12): every write of a batch to the store, as
+//! records of a compacted topic, so that the state of a partition can be
+//! rebuilt on another machine without the input's history.
+//!
+//! # Records
+//!
+//! One record per store write, to the changelog partition equal to the
+//! input partition. The key is `[format, family] ++ store key`; the value
+//! is the stored value byte for byte, or null (a tombstone) for a delete.
+//! Compaction then keeps the latest value of every key, and tombstones
+//! remove what retention removed; what is left of a partition is exactly
+//! its store range. The offsets record (`family = offsets`) carries the
+//! next input offset the state includes.
+//!
+//! The format byte is the store's value format ([`super::rocks::FORMAT`]):
+//! a changelog written by a version with another layout is never restored
+//! into this one (the restore stops and the partition replays the input).
+//!
+//! An operation that leaves retention takes its timeline with it in one
+//! RocksDB range delete; the changelog has no range tombstone, so that
+//! becomes one tombstone per ring slot the operation ever used.
+//!
+//! # When the records are published
+//!
+//! After the outputs of their batch are acknowledged, never before (see
+//! `Pipeline::finish_in_flight`): a state restored from the changelog then
+//! never includes a batch whose outputs might be lost with the machine
+//! that held its outbox. Under `exactly_once` they go in the batch's
+//! transaction with its outputs and offsets. They are kept in the outbox
+//! with the outputs until then, so a crash does not lose them either.
+
+use super::encoded::{Family, Part, Write};
+use super::keys;
+use crate::records::OutboxRecord;
+
+/// The family byte of a changelog key.
+fn tag(family: Family) -> u8 {
+    match family {
+        Family::Timeline => b'l',
+        Family::Ops => b'o',
+        Family::Entities => b'e',
+        Family::Timers => b't',
+        Family::Offsets => b'n',
+    }
+}
+
+fn family_of(tag: u8) -> Option<Family> {
+    Some(match tag {
+        b'l' => Family::Timeline,
+        b'o' => Family::Ops,
+        b'e' => Family::Entities,
+        b't' => Family::Timers,
+        b'n' => Family::Offsets,
+        _ => return None,
+    })
+}
+
+/// The store format as the changelog's first key byte.
+fn format_byte() -> u8 {
+    u8::try_from(super::rocks::FORMAT).expect("store formats fit a byte")
+}
+
+fn key(family: Family, store_key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + store_key.len());
+    k.push(format_byte());
+    k.push(tag(family));
+    k.extend_from_slice(store_key);
+    k
+}
+
+/// The changelog records of `part`'s writes, in write order, for `topic`.
+pub(crate) fn records(part: &Part, topic: &str) -> Vec<OutboxRecord> {
+    let bytes = &part.bytes;
+    let record = |family, store_key: &[u8], value: Option<&[u8]>| OutboxRecord {
+        topic: topic.to_owned(),
+        key: Some(key(family, store_key)),
+        value: value.map(<[u8]>::to_vec),
+        headers: Vec::new(),
+    };
+    let mut out = Vec::with_capacity(part.writes.len());
+    for w in &part.writes {
+        match w {
+            Write::Put { family, key, value } => {
+                out.push(record(*family, &bytes[key.clone()], Some(&bytes[value.clone()])))
+            }
+            Write::Delete { family, key } => out.push(record(*family, &bytes[key.clone()], None)),
+            Write::DeleteRange { family, from, slots, .. } => {
+                // `from` is the timeline head: the slots are its entries.
+                for slot in 0..*slots {
+                    let mut k = bytes[from.clone()].to_vec();
+                    k.extend_from_slice(&slot.to_be_bytes());
+                    out.push(record(*family, &k, None));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The input partition of a changelog record (its changelog partition
+/// too), from its key; `None` for a key this version did not write.
+pub fn partition_of(key: &[u8]) -> Option<i32> {
+    keys::partition_of(key.get(2..)?)
+}
+
+/// A changelog record read back: what it does to the store.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Change<'a> {
+    /// Put (`Some`) or delete the store key in the family.
+    Write { family: Family, key: &'a [u8], value: Option<&'a [u8]> },
+    /// The next input offset the state includes.
+    Offset(i64),
+}
+
+/// Why a changelog record cannot be restored.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Unreadable {
+    /// Written by a version with another store format.
+    Format(u8),
+    /// Not a key or value this layout has.
+    Malformed,
+}
+
+/// What `key` and `value` of a changelog record of `partition` do.
+pub(crate) fn change<'a>(partition: i32, key: &'a [u8], value: Option<&'a [u8]>) -> Result<Change<'a>, Unreadable> {
+    let (&format, rest) = key.split_first().ok_or(Unreadable::Malformed)?;
+    if format != format_byte() {
+        return Err(Unreadable::Format(format));
+    }
+    let (&tag, store_key) = rest.split_first().ok_or(Unreadable::Malformed)?;
+    let family = family_of(tag).ok_or(Unreadable::Malformed)?;
+    if keys::partition_of(store_key) != Some(partition) {
+        return Err(Unreadable::Malformed);
+    }
+    if family == Family::Offsets {
+        let v = value.ok_or(Unreadable::Malformed)?;
+        return keys::offset_of(v).filter(|_| v.len() == 8).map(Change::Offset).ok_or(Unreadable::Malformed);
+    }
+    Ok(Change::Write { family, key: store_key, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Batch;
+
+    #[test]
+    fn every_write_becomes_one_record_and_reads_back_as_that_write() {
+        let mut b = Batch::default();
+        b.put_entity(2, "e-1".into(), Some(Default::default()));
+        b.put_entity(2, "e-2".into(), None);
+        b.set_offset(2, 41);
+        let encoded = b.encode(Some("s"));
+        let recs = &encoded.parts[0].outbox;
+        assert_eq!(recs.len(), 3);
+        assert!(recs.iter().all(|r| r.topic == "s" && partition_of(r.key.as_deref().unwrap()) == Some(2)));
+        let changes: Vec<_> =
+            recs.iter().map(|r| change(2, r.key.as_deref().unwrap(), r.value.as_deref()).unwrap()).collect();
+        assert!(matches!(changes[0], Change::Write { family: Family::Entities, value: Some(_), .. }));
+        assert_eq!(
+            changes[1],
+            Change::Write { family: Family::Entities, key: &keys::scoped(2, "e-2"), value: None },
+            "a delete is a tombstone"
+        );
+        assert_eq!(changes[2], Change::Offset(41));
+        // Another partition's record, another format, garbage: refused.
+        let k = recs[2].key.as_deref().unwrap();
+        assert_eq!(change(3, k, recs[2].value.as_deref()), Err(Unreadable::Malformed));
+        let mut old = k.to_vec();
+        old[0] = format_byte() - 1;
+        assert_eq!(change(2, &old, recs[2].value.as_deref()), Err(Unreadable::Format(format_byte() - 1)));
+        assert_eq!(change(2, b"", None), Err(Unreadable::Malformed));
+        assert_eq!(change(2, &[format_byte(), b'?', 0, 0, 0, 2], None), Err(Unreadable::Malformed));
+    }
+
+    #[test]
+    fn no_changelog_topic_no_records() {
+        let mut b = Batch::default();
+        b.set_offset(0, 1);
+        assert!(b.encode(None).parts[0].outbox.is_empty());
+    }
+}
