@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Restore benchmark (issue 17): how long a new instance (empty state
+# directory) takes to be ready on partitions whose state another instance
+# built, restoring from the changelog vs replaying the input, on the same
+# broker and the same log, in one run.
+#
+#   scripts/bench-restore.sh                      # noida-db, 1,000,000 operations
+#   RESTORE_OPERATIONS=200000 scripts/bench-restore.sh sqlite
+#
+# Steps: loadgen publishes the workload; instance A processes it to the
+# end and stops; instance B (changelog) and instance C (changelog = "",
+# the input replay) each start on an empty state directory in the same
+# group and are timed from start to /readyz answering 200 (every owned
+# partition restored and caught up). B and C then stop without processing
+# anything new, so both restore the same committed state.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+source scripts/env.sh
+engine=${1:-noida}
+ops=${RESTORE_OPERATIONS:-1000000}
+export BROKER_PORT=${BROKER_PORT:-19492}
+bin=$(scripts/build.sh)
+mkdir -p .run
+cp "$bin" .run/reconciler-restore-bench
+bin=$ROOT/.run/reconciler-restore-bench
+scripts/broker.sh start "$engine"
+work=$(mktemp -d)
+trap 'scripts/broker.sh stop; rm -rf "$work"' EXIT
+prefix="restore-$$"
+cat > "$work/reconciler.toml" <<EOF
+state_dir = "$work/state-a"
+[topics]
+events = "$prefix.events"
+verdicts = "$prefix.verdicts"
+anomalies = "$prefix.anomalies"
+dlq = "$prefix.dlq"
+commands = "$prefix.commands"
+changelog = "$prefix.state"
+partitions = 6
+[consumer]
+group_id = "$prefix.group"
+[http]
+bind = "127.0.0.1:19493"
+[kafka]
+"bootstrap.servers" = "127.0.0.1:$BROKER_PORT"
+"receive.message.max.bytes" = "1000000000"
+EOF
+cfg="$work/reconciler.toml"
+echo "machine: $(nproc) cores; broker: $engine; operations: $ops; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$bin" --config "$cfg" loadgen --operations "$ops" --truth "$work/truth.json" >/dev/null
+
+ready() { curl -fs -o /dev/null "http://127.0.0.1:19493/readyz"; }
+lag() { curl -fs "http://127.0.0.1:19493/metrics" | awk '/^reconciler_consumer_lag\{/ { s += $2; n++ } END { print (n ? s : -1) }'; }
+
+# A: processes everything, then stops (its outputs acknowledged, offsets committed).
+"$bin" --config "$cfg" run >"$work/a.log" 2>&1 &
+pid=$!
+start=$(date +%s.%N)
+until ready && [ "$(lag)" = 0 ]; do sleep 0.2; done # polling interval
+echo "A processed the workload in $(echo "$(date +%s.%N) - $start" | bc) s"
+kill -TERM $pid; wait $pid
+
+# Times an instance on an empty state directory from start to ready.
+timed() {
+  local name=$1; shift
+  local t0 t1
+  t0=$(date +%s.%N)
+  env "$@" RECONCILER_STATE_DIR="$work/state-$name" "$bin" --config "$cfg" run >"$work/$name.log" 2>&1 &
+  pid=$!
+  until ready; do sleep 0.05; done # polling interval
+  t1=$(date +%s.%N)
+  kill -TERM $pid; wait $pid
+  echo "$(echo "$t1 - $t0" | bc)"
+}
+b=$(timed b RECONCILER_LOG=info)
+echo "B (changelog): ready after $b s; $(grep -c 'Partition restored from the changelog' "$work/b.log") partitions restored from the changelog"
+c=$(timed c RECONCILER_LOG=info RECONCILER_TOPICS__CHANGELOG=)
+echo "C (input replay): ready after $c s; $(grep -c 'restoring its state from the log without publishing' "$work/c.log") partitions replayed from the input"
+echo "restore from the changelog is $(echo "scale=1; $c / $b" | bc)x faster than from the input"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
