@@ -72,7 +72,7 @@ impl RestoreMetrics {
             started: gauge_vec(
                 r,
                 "reconciler_changelog_restore_started_timestamp_seconds",
-                "Start (Unix time) of the restore of a partition from the changelog in progress; absent when none runs.",
+                "Start (Unix time) of the restore of a partition from the changelog in progress; 0 when none runs.",
                 &["partition"],
             ),
             published: int_counter(
@@ -97,6 +97,15 @@ impl RestoreMetrics {
         self.restores.with_label_values(&[source.label()]).inc();
     }
 
+    /// `partition` was assigned: its series exist from now on (0 until a
+    /// changelog restore sets them), so dashboards and alerts see them.
+    pub fn assigned(&self, partition: i32) {
+        let label = partition.to_string();
+        self.started.with_label_values(&[&label]);
+        self.remaining.with_label_values(&[&label]);
+        self.duration.with_label_values(&[&label]);
+    }
+
     /// A changelog restore of `partition` began at Unix time `at` (seconds).
     pub fn restore_started(&self, partition: i32, at: f64) {
         self.started.with_label_values(&[&partition.to_string()]).set(at);
@@ -111,7 +120,7 @@ impl RestoreMetrics {
     /// read `records`.
     pub fn restore_finished(&self, partition: i32, seconds: f64, records: u64) {
         let label = partition.to_string();
-        let _ = self.started.remove_label_values(&[&label]);
+        self.started.with_label_values(&[&label]).set(0.0);
         self.remaining.with_label_values(&[&label]).set(0);
         self.duration.with_label_values(&[&label]).set(seconds);
         self.records.inc_by(records);

@@ -117,6 +117,7 @@ impl Changelog {
     /// replaces it. A changelog that cannot be read (unreachable, another
     /// store format, damaged) leaves the input replay.
     pub fn start_offset(&self, partition: i32, committed: Option<i64>) -> Result<Option<i64>, StoreError> {
+        self.metrics.restore.assigned(partition);
         let local = self.store.next_offset(partition)?;
         let behind = local.is_none() || committed.is_some_and(|c| Some(c) > local);
         if let (true, Some(topic)) = (behind, &self.topic) {
