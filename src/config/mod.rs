@@ -439,17 +439,15 @@ impl Config {
     /// Checks the values serde cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let t = &self.topics;
-        for (field, name) in [
-            ("topics.events", &t.events),
+        let named = [
+            ("topics.events", t.events.as_str()),
             ("topics.verdicts", &t.verdicts),
             ("topics.anomalies", &t.anomalies),
             ("topics.dlq", &t.dlq),
             ("topics.commands", &t.commands),
-            ("topics.changelog", &t.changelog),
-        ] {
-            if field == "topics.changelog" && name.is_empty() {
-                continue; // no changelog
-            }
+        ];
+        // An empty changelog name turns the changelog off.
+        for (field, name) in named.into_iter().chain(t.changelog().map(|c| ("topics.changelog", c))) {
             if name.is_empty()
                 || name.len() > 249
                 || !name.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))

@@ -8,6 +8,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 
+use super::watermarks::Watermarks;
 use super::{client_config, KafkaError};
 
 /// Creates each topic that does not exist yet.
@@ -25,13 +26,14 @@ pub fn ensure_topics(
 /// with as many partitions as the input (changelog partition = input
 /// partition). An existing changelog with fewer partitions than the input
 /// is refused: the state of the partitions beyond would have nowhere to go.
+/// `marks` answers the metadata queries.
 pub fn ensure_changelog(
     kafka: &BTreeMap<String, String>,
+    marks: &Watermarks,
     changelog: &str,
     input: &str,
     replication: i32,
 ) -> Result<(), KafkaError> {
-    let marks = super::watermarks::Watermarks::new(kafka)?;
     let partitions = marks.partition_count(input)?;
     let new = NewTopic::new(changelog, partitions as i32, TopicReplication::Fixed(replication))
         .set("cleanup.policy", "compact");

@@ -81,20 +81,22 @@ impl ConsumerContext for GroupContext {
                 // restore a partition's state (minutes for a large one),
                 // and the state gauges and health checks read the
                 // assignment meanwhile.
-                let mut starts = Vec::with_capacity(partitions.len());
-                for p in partitions {
-                    match (self.start_offsets)(p, committed.get(&p).copied()) {
-                        Ok(n) => starts.push((p, n)),
-                        Err(e) => {
-                            let mut a = self.assignment.lock().expect("not poisoned");
-                            a.received = true;
-                            a.fatal = Some(format!("the start offset of partition {p}: {e}"));
-                            return;
-                        }
-                    }
-                }
+                let starts: Result<Vec<(i32, Option<i64>)>, String> = partitions
+                    .into_iter()
+                    .map(|p| match (self.start_offsets)(p, committed.get(&p).copied()) {
+                        Ok(n) => Ok((p, n)),
+                        Err(e) => Err(format!("the start offset of partition {p}: {e}")),
+                    })
+                    .collect();
                 let mut a = self.assignment.lock().expect("not poisoned");
                 a.received = true;
+                let starts = match starts {
+                    Ok(s) => s,
+                    Err(why) => {
+                        a.fatal = Some(why);
+                        return;
+                    }
+                };
                 for (p, start) in starts {
                     let offset = start.map_or(Offset::Beginning, Offset::Offset);
                     if let Err(e) = tpl.set_partition_offset(&self.topic, p, offset) {

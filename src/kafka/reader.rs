@@ -105,10 +105,7 @@ impl TopicReader {
         let until = Instant::now() + timeout;
         loop {
             let done = self.consumer.position().is_ok_and(|pos| {
-                ends.iter().all(|((t, p), end)| {
-                    *end <= 0
-                        || matches!(pos.find_partition(t, *p).map(|e| e.offset()), Some(Offset::Offset(o)) if o >= *end)
-                })
+                ends.iter().all(|((t, p), end)| *end <= 0 || offset_in(&pos, t, *p).is_some_and(|o| o >= *end))
             });
             if done {
                 return true;
@@ -126,6 +123,16 @@ impl TopicReader {
     /// Records of one topic read so far.
     pub fn of<'a>(&'a self, topic: &'a str) -> impl Iterator<Item = &'a Record> + 'a {
         self.records.iter().filter(move |r| r.topic == topic)
+    }
+}
+
+/// The offset `list` (a consumer's positions) holds for `partition` of
+/// `topic`, if a real one: past transaction markers, which is how the
+/// readers tell a partition read to its mark when only markers are left.
+fn offset_in(list: &TopicPartitionList, topic: &str, partition: i32) -> Option<i64> {
+    match list.find_partition(topic, partition)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
     }
 }
 
@@ -180,10 +187,7 @@ pub fn read_to_end(
             None => {
                 // Only transaction markers may be left before the mark.
                 if let Ok(pos) = consumer.position() {
-                    left.retain(|p, high| match pos.find_partition(topic, *p).map(|e| e.offset()) {
-                        Some(Offset::Offset(o)) => o < *high,
-                        _ => true,
-                    });
+                    left.retain(|p, high| offset_in(&pos, topic, *p).is_none_or(|o| o < *high));
                 }
             }
         }
@@ -246,11 +250,7 @@ pub fn stream_partition<E: std::error::Error + 'static>(
             }
             None => {
                 // Only transaction markers (or aborted records) may be left.
-                let pos =
-                    consumer.position().ok().and_then(|pos| match pos.find_partition(topic, partition)?.offset() {
-                        Offset::Offset(o) => Some(o),
-                        _ => None,
-                    });
+                let pos = consumer.position().ok().and_then(|pos| offset_in(&pos, topic, partition));
                 if pos.is_some_and(|o| o >= high) {
                     return Ok(read);
                 }

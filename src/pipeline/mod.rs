@@ -247,8 +247,9 @@ impl Pipeline {
         }
         let t = &cfg.topics;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
+        let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
         if let Some(changelog) = t.changelog() {
-            admin::ensure_changelog(&cfg.kafka, changelog, &t.events, t.replication_factor)?;
+            admin::ensure_changelog(&cfg.kafka, &watermarks, changelog, &t.events, t.replication_factor)?;
         }
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|source| PipelineError::StateDir { dir: cfg.state_dir.display().to_string(), source })?;
@@ -285,7 +286,6 @@ impl Pipeline {
         };
         let start = Box::new(move |p, committed| changelog.start_offset(p, committed).map_err(|e| e.to_string()));
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
-        let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
         let fence = restore::Fence::new(&cfg.kafka);
         Ok(Pipeline {
             metrics,
