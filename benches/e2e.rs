@@ -20,7 +20,8 @@
 //! E2E_EXACTLY_ONCE=1: after step 2, the pipeline again over the same input
 //! with `guarantee = "exactly_once"` (own group, state and output topics),
 //! and the ratio of the two (needs a broker with transactions:
-//! `scripts/bench-e2e.sh noida`).
+//! `scripts/bench-e2e.sh noida`). E2E_CHANGELOG=false: no state changelog
+//! (what the changelog costs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -115,6 +116,9 @@ fn config_with(
     // noida-db answers fetches whole, whatever their size limit.
     cfg.kafka.insert("receive.message.max.bytes".into(), "104857600".into());
     cfg.topics = Topics::named(prefix, partitions);
+    if !env_or("E2E_CHANGELOG", true) {
+        cfg.topics.changelog.clear();
+    }
     if let Some(events) = input {
         cfg.topics.events = events.to_owned();
     }

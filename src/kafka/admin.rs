@@ -18,7 +18,8 @@ pub fn ensure_topics(
     partitions: i32,
     replication: i32,
 ) -> Result<(), KafkaError> {
-    create(kafka, topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect())
+    create(kafka, topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication))).collect())?;
+    Ok(())
 }
 
 /// Creates the state changelog `changelog` of input topic `input` when it
@@ -26,36 +27,40 @@ pub fn ensure_topics(
 /// with as many partitions as the input (changelog partition = input
 /// partition). An existing changelog with fewer partitions than the input
 /// is refused: the state of the partitions beyond would have nowhere to go.
-/// `marks` answers the metadata queries.
+/// `marks` answers the metadata queries. Returns whether this call created
+/// it (then it holds nothing yet).
 pub fn ensure_changelog(
     kafka: &BTreeMap<String, String>,
     marks: &Watermarks,
     changelog: &str,
     input: &str,
     replication: i32,
-) -> Result<(), KafkaError> {
+) -> Result<bool, KafkaError> {
     let partitions = marks.partition_count(input)?;
     let new = NewTopic::new(changelog, partitions as i32, TopicReplication::Fixed(replication))
         .set("cleanup.policy", "compact");
-    create(kafka, vec![new])?;
+    let created = create(kafka, vec![new])? > 0;
     let has = marks.partition_count(changelog)?;
     if has < partitions {
         return Err(KafkaError::ChangelogPartitions { changelog: changelog.to_owned(), has, input: partitions });
     }
-    Ok(())
+    Ok(created)
 }
 
-fn create(kafka: &BTreeMap<String, String>, new: Vec<NewTopic<'_>>) -> Result<(), KafkaError> {
+/// Creates the topics of `new` that do not exist; how many it created.
+fn create(kafka: &BTreeMap<String, String>, new: Vec<NewTopic<'_>>) -> Result<usize, KafkaError> {
     let admin: AdminClient<DefaultClientContext> =
         client_config(&[], kafka, &[]).create().map_err(KafkaError::client("creating the admin client"))?;
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results =
         futures::executor::block_on(admin.create_topics(&new, &opts)).map_err(KafkaError::client("creating topics"))?;
+    let mut created = 0;
     for r in results {
         match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Ok(_) => created += 1,
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((topic, code)) => return Err(KafkaError::Refused { context: format!("creating topic {topic}"), code }),
         }
     }
-    Ok(())
+    Ok(created)
 }

@@ -207,27 +207,24 @@ pub enum StreamError<E: std::error::Error + 'static> {
     Visit(E),
 }
 
-/// Reads `partition` of `topic` from its low watermark to its high
-/// watermark at the time of the call (committed records only), handing
-/// each record's key and value to `visit` with the offsets left to read,
-/// without copying them. Fails when the partition stops making progress for
-/// `stall` (a broker gone away), not for taking long. Returns the records
-/// read.
+/// Reads `partition` of `topic` over `(low, high)` (its watermarks, asked
+/// by the caller; committed records only), handing each record's key and
+/// value to `visit` with the offsets left to read, without copying them.
+/// Fails when the partition stops making progress for `stall` (a broker
+/// gone away), not for taking long. Returns the records read.
 pub fn stream_partition<E: std::error::Error + 'static>(
     kafka: &BTreeMap<String, String>,
     topic: &str,
     partition: i32,
+    (low, high): (i64, i64),
     stall: Duration,
     mut visit: impl FnMut(Option<&[u8]>, Option<&[u8]>, i64) -> Result<(), E>,
 ) -> Result<u64, StreamError<E>> {
     use rdkafka::Message;
-    let consumer = reader_client(kafka)?;
-    let (low, high) = consumer
-        .fetch_watermarks(topic, partition, Duration::from_secs(10))
-        .map_err(KafkaError::client(format!("watermarks of {topic}/{partition}")))?;
     if high <= low {
         return Ok(0);
     }
+    let consumer = reader_client(kafka)?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(low)).map_err(KafkaError::client("assigning"))?;
     consumer.assign(&tpl).map_err(KafkaError::client("assigning"))?;

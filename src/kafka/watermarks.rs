@@ -27,9 +27,13 @@ impl Watermarks {
 
     /// The high watermark of `partition` of `topic` (the next offset to be written).
     pub fn high(&self, topic: &str, partition: i32, timeout: Duration) -> Result<i64, KafkaError> {
+        self.range(topic, partition, timeout).map(|(_, high)| high)
+    }
+
+    /// The (low, high) watermarks of `partition` of `topic`: the offsets it holds.
+    pub fn range(&self, topic: &str, partition: i32, timeout: Duration) -> Result<(i64, i64), KafkaError> {
         self.client
             .fetch_watermarks(topic, partition, timeout)
-            .map(|(_, high)| high)
             .map_err(KafkaError::client(format!("watermarks of {topic}/{partition}")))
     }
 

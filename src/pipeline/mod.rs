@@ -248,9 +248,12 @@ impl Pipeline {
         let t = &cfg.topics;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
-        if let Some(changelog) = t.changelog() {
-            admin::ensure_changelog(&cfg.kafka, &watermarks, changelog, &t.events, t.replication_factor)?;
-        }
+        let created = match t.changelog() {
+            Some(changelog) => {
+                admin::ensure_changelog(&cfg.kafka, &watermarks, changelog, &t.events, t.replication_factor)?
+            }
+            None => false,
+        };
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|source| PipelineError::StateDir { dir: cfg.state_dir.display().to_string(), source })?;
         let store = Arc::new(match replay {
@@ -280,6 +283,8 @@ impl Pipeline {
         let changelog = restore::Changelog {
             kafka: cfg.kafka.clone(),
             topic: t.changelog().map(str::to_owned),
+            created,
+            watermarks: watermarks.clone(),
             store: store.clone(),
             metrics: metrics.clone(),
             stall: Duration::from_millis(cfg.consumer.give_up_after_ms),

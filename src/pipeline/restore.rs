@@ -93,6 +93,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::kafka::reader::{stream_partition, StreamError};
+use crate::kafka::watermarks::Watermarks;
 use crate::metrics::{Metrics, RestoreSource};
 use crate::store::{Store, StoreError};
 
@@ -102,6 +103,13 @@ pub struct Changelog {
     pub kafka: BTreeMap<String, String>,
     /// The changelog topic; `None`: no changelog.
     pub topic: Option<String>,
+    /// This process created the changelog topic at start-up: a partition
+    /// the group has no committed offset for has nothing in it worth a
+    /// query (anything another member wrote since is of batches it did
+    /// not commit, which are applied again anyway).
+    pub created: bool,
+    /// Its watermark queries.
+    pub watermarks: Arc<Watermarks>,
     /// The store restored into.
     pub store: Arc<Store>,
     /// Where restores are counted.
@@ -120,7 +128,8 @@ impl Changelog {
         self.metrics.restore.assigned(partition);
         let local = self.store.next_offset(partition)?;
         let behind = local.is_none() || committed.is_some_and(|c| Some(c) > local);
-        if let (true, Some(topic)) = (behind, &self.topic) {
+        let worth_asking = !(self.created && committed.is_none());
+        if let (true, true, Some(topic)) = (behind, worth_asking, &self.topic) {
             match self.restore(topic, partition) {
                 Ok(Some(next)) => {
                     self.metrics.restore.restored(RestoreSource::Changelog);
@@ -142,12 +151,18 @@ impl Changelog {
     /// Reads `partition`'s changelog into the store; the offset it restored
     /// to, or `None` when the changelog holds nothing of it.
     fn restore(&self, topic: &str, partition: i32) -> Result<Option<i64>, StreamError<StoreError>> {
+        // On the long-lived client: most partitions have nothing to read
+        // (a reader of their own costs a connection and a metadata query).
+        let range = self.watermarks.range(topic, partition, Duration::from_secs(10))?;
+        if range.1 <= range.0 {
+            return Ok(None);
+        }
         let started = Instant::now();
         let m = &self.metrics.restore;
         let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         m.restore_started(partition, unix.as_secs_f64());
         let mut into = self.store.restoring(partition);
-        let read = stream_partition(&self.kafka, topic, partition, self.stall, |key, value, remaining| {
+        let read = stream_partition(&self.kafka, topic, partition, range, self.stall, |key, value, remaining| {
             if remaining % 4096 == 0 {
                 m.restore_progress(partition, remaining);
             }
