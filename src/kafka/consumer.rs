@@ -118,7 +118,18 @@ impl ConsumerContext for GroupContext {
                 // owner restores silently up to the group's offsets, so a
                 // commit sent after the release would make it publish the
                 // batch in flight again.
-                let finished = self.revoke_hook.lock().expect("not poisoned").as_mut().and_then(|hook| hook());
+                // Unless the assignment is already lost (the session
+                // expired: the partitions may be another member's by now).
+                // A commit then would set the new owner's offset back, and
+                // the batch's changelog would land after the new owner's
+                // records; the run loop forgets those partitions instead.
+                let lost = consumer.assignment_lost();
+                if lost {
+                    warn!("Assignment lost (session expired); releasing the partitions without committing the batch in flight");
+                }
+                let finished = (!lost)
+                    .then(|| self.revoke_hook.lock().expect("not poisoned").as_mut().and_then(|hook| hook()))
+                    .flatten();
                 if let Some(offsets) = finished {
                     if let Err(e) = consumer.commit(&offsets_list(&self.topic, &offsets), CommitMode::Sync) {
                         warn!(error = %e, "Committing offsets before releasing partitions failed; the new owner may repeat outputs");
