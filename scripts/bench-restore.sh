@@ -75,6 +75,10 @@ timed() {
 }
 b=$(timed b RECONCILER_LOG=info)
 echo "B (changelog): ready after $b s; $(grep -c 'Partition restored from the changelog' "$work/b.log") partitions restored from the changelog"
+sed 's/\x1b\[[0-9;]*m//g' "$work/b.log" | grep 'Partition restored from the changelog' \
+  | sed -E 's/.*records=([0-9]+).*seconds=([0-9.]+).*/\1 \2/' \
+  | awk '{ r += $1; s += $2 } END { printf "  changelog records read: %d in %.2f s of restore (%.0f records/s)\n", r, s, r / s }'
+echo "  input records A applied: $(sed 's/\x1b\[[0-9;]*m//g' "$work/a.log" | grep -o 'Pipeline stopped records=[0-9]*' | grep -o '[0-9]*$')"
 c=$(timed c RECONCILER_LOG=info RECONCILER_TOPICS__CHANGELOG=)
 echo "C (input replay): ready after $c s; $(grep -c 'restoring its state from the log without publishing' "$work/c.log") partitions replayed from the input"
 echo "restore from the changelog is $(echo "scale=1; $c / $b" | bc)x faster than from the input"
