@@ -40,6 +40,7 @@ pub struct RestoreMetrics {
     started: GaugeVec,
     published: IntCounter,
     pending: IntGauge,
+    set_back: IntCounter,
 }
 
 impl RestoreMetrics {
@@ -85,6 +86,11 @@ impl RestoreMetrics {
                 "reconciler_changelog_pending_records",
                 "Changelog records of stored batches not yet published: the changelog's lag behind the local state.",
             ),
+            set_back: int_counter(
+                r,
+                "reconciler_changelog_set_back_records_total",
+                "Changelog records published by restores to set back a batch whose changelog its owner cut short (a crash while publishing it).",
+            ),
         };
         for s in RestoreSource::ALL {
             m.restores.with_label_values(&[s.label()]);
@@ -124,6 +130,11 @@ impl RestoreMetrics {
         self.remaining.with_label_values(&[&label]).set(0);
         self.duration.with_label_values(&[&label]).set(seconds);
         self.records.inc_by(records);
+    }
+
+    /// A restore set back a batch cut short with `n` changelog records.
+    pub fn set_back(&self, n: usize) {
+        self.set_back.inc_by(n as u64);
     }
 
     /// `n` changelog records were acknowledged.

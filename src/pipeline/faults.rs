@@ -41,6 +41,14 @@ pub const EXACTLY_ONCE_CRASH_POINTS: [&str; 2] = [
     "pipeline::after_commit",
 ];
 
+/// The crash point of the changelog's publication.
+pub const CHANGELOG_CRASH_POINTS: [&str; 1] = [
+    // A batch's changelog records acknowledged but its offsets records,
+    // then the crash:
+    // the changelog ends with a batch cut short (src/store/restoring.rs).
+    "pipeline::changelog_cut",
+];
+
 /// The crash points of the probe worker (`src/probe/worker.rs`).
 pub const PROBE_CRASH_POINTS: [&str; 2] = [
     // Answers stored in the worker's ledger; nothing published.
@@ -77,3 +85,18 @@ pub fn point(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn point(_name: &str) {}
+
+/// Whether crash point `name` is reached now and armed, for a point
+/// that stands between two halves of a step: the caller does the first
+/// half and then [`crash`]es.
+#[cfg(feature = "failpoints")]
+pub fn fires(name: &str) -> bool {
+    fail::eval(name, |_| ()).is_some()
+}
+
+/// Without the `failpoints` feature: never.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn fires(_name: &str) -> bool {
+    false
+}

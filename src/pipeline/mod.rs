@@ -288,6 +288,7 @@ impl Pipeline {
             store: store.clone(),
             metrics: metrics.clone(),
             stall: Duration::from_millis(cfg.consumer.give_up_after_ms),
+            undo: txn.is_none().then(|| publisher.clone()),
         };
         let start = Box::new(move |p, committed| changelog.start_offset(p, committed).map_err(|e| e.to_string()));
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
@@ -628,6 +629,12 @@ impl Pipeline {
         let (mine, moved): (Vec<_>, Vec<_>) =
             records.into_iter().partition(|r| changelog_partition(r).is_some_and(|p| owned.contains_key(&p)));
         self.forget_partitions(&moved)?;
+        if faults::fires(faults::CHANGELOG_CRASH_POINTS[0]) {
+            // All but the offsets records (the last of each partition).
+            let cut = mine.iter().filter(|r| !changelog::is_offsets(r)).collect();
+            self.publish_with_retry(cut, shutdown)?;
+            faults::crash(faults::CHANGELOG_CRASH_POINTS[0]);
+        }
         self.publish_with_retry(mine.iter().collect(), shutdown)?;
         self.metrics.restore.changelog_published(mine.len());
         self.metrics.restore.set_changelog_pending(0);

@@ -92,10 +92,12 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use crate::kafka::producer::Publisher;
 use crate::kafka::reader::{stream_partition, StreamError};
 use crate::kafka::watermarks::Watermarks;
+use crate::kafka::KafkaError;
 use crate::metrics::{Metrics, RestoreSource};
-use crate::store::{Store, StoreError};
+use crate::store::{Restored, Store, StoreError, Tail};
 
 /// Restores partitions from the state changelog on assignment.
 pub struct Changelog {
@@ -116,6 +118,9 @@ pub struct Changelog {
     pub metrics: Arc<Metrics>,
     /// A restore that makes no progress for this long fails.
     pub stall: Duration,
+    /// Publishes the undo of a batch cut short (`None` under
+    /// `exactly_once`, where none can be).
+    pub undo: Option<Arc<Publisher>>,
 }
 
 impl Changelog {
@@ -123,8 +128,11 @@ impl Changelog {
     /// offset: the local offset, unless the local state is missing or behind
     /// `committed` and the changelog has the partition's state, which then
     /// replaces it. A changelog that cannot be read (unreachable, another
-    /// store format, damaged) leaves the input replay.
-    pub fn start_offset(&self, partition: i32, committed: Option<i64>) -> Result<Option<i64>, StoreError> {
+    /// store format, damaged) leaves the input replay. Fails when the undo
+    /// of a batch cut short cannot be published (see [`crate::store::Restored`]):
+    /// the partition is then left empty, so that no state is ever built on
+    /// top of a changelog that still ends with a partial batch.
+    pub fn start_offset(&self, partition: i32, committed: Option<i64>) -> Result<Option<i64>, RestoreError> {
         self.metrics.restore.assigned(partition);
         let local = self.store.next_offset(partition)?;
         let behind = local.is_none() || committed.is_some_and(|c| Some(c) > local);
@@ -136,8 +144,12 @@ impl Changelog {
                     return Ok(Some(next));
                 }
                 Ok(None) => {}
-                Err(e) => {
+                Err(Failure::Read(e)) => {
                     warn!(partition, error = %e, "Restoring from the changelog failed; replaying the input instead")
+                }
+                Err(Failure::Undo(e)) => {
+                    self.store.forget_partition(partition)?;
+                    return Err(RestoreError::Undo { partition, source: e });
                 }
             }
         }
@@ -149,11 +161,13 @@ impl Changelog {
     }
 
     /// Reads `partition`'s changelog into the store; the offset it restored
-    /// to, or `None` when the changelog holds nothing of it.
-    fn restore(&self, topic: &str, partition: i32) -> Result<Option<i64>, StreamError<StoreError>> {
+    /// to, or `None` when the changelog holds nothing of it. A batch cut
+    /// short at the end is left out and set back in the changelog.
+    fn restore(&self, topic: &str, partition: i32) -> Result<Option<i64>, Failure> {
         // On the long-lived client: most partitions have nothing to read
         // (a reader of their own costs a connection and a metadata query).
-        let range = self.watermarks.range(topic, partition, Duration::from_secs(10))?;
+        let range =
+            self.watermarks.range(topic, partition, Duration::from_secs(10)).map_err(|e| Failure::Read(e.into()))?;
         if range.1 <= range.0 {
             return Ok(None);
         }
@@ -161,26 +175,21 @@ impl Changelog {
         let m = &self.metrics.restore;
         let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         m.restore_started(partition, unix.as_secs_f64());
-        let mut into = self.store.restoring(partition);
-        let read = stream_partition(&self.kafka, topic, partition, range, self.stall, |key, value, remaining| {
-            if remaining % 4096 == 0 {
-                m.restore_progress(partition, remaining);
-            }
-            super::faults::point("pipeline::restoring");
-            into.apply(key.unwrap_or_default(), value)
-        });
-        let records = into.records();
-        let result = match read {
-            Ok(_) => into.finish().map_err(StreamError::Visit),
-            Err(e) => {
-                if records > 0 {
-                    into.abandon().map_err(StreamError::Visit)?;
-                }
-                Err(e)
-            }
-        };
+        let mut records = 0;
+        let mut result = self.read(topic, partition, range, &mut records).map_err(Failure::Read);
+        if let Ok(Restored { tail: Some(tail), .. }) = &result {
+            let to = tail.complete_to.unwrap_or(range.0);
+            warn!(
+                partition,
+                writes = tail.len(),
+                complete_to = to,
+                "The changelog ends with a batch cut short (its owner stopped while publishing it): restoring up to the batch before, and setting the cut batch's writes back in the changelog"
+            );
+            result = self.set_back(topic, partition, (range.0, to), tail, &mut records);
+        }
         m.restore_finished(partition, started.elapsed().as_secs_f64(), records);
-        if let Ok(Some(next)) = result {
+        let next = result?.next;
+        if let Some(next) = next {
             info!(
                 partition,
                 records,
@@ -189,8 +198,94 @@ impl Changelog {
                 "Partition restored from the changelog"
             );
         }
-        result
+        Ok(next)
     }
+
+    /// Restores `partition` again over `range` (up to the last complete
+    /// batch), then publishes the undo of `tail` and waits for it, so that
+    /// it is in the changelog before any batch of this owner.
+    fn set_back(
+        &self,
+        topic: &str,
+        partition: i32,
+        range: (i64, i64),
+        tail: &Tail,
+        records: &mut u64,
+    ) -> Result<Restored, Failure> {
+        let again = if range.1 > range.0 {
+            self.read(topic, partition, range, records).map_err(Failure::Read)?
+        } else {
+            self.store.forget_partition(partition).map_err(|e| Failure::Read(StreamError::Visit(e)))?;
+            Restored { next: None, tail: None }
+        };
+        let undo =
+            self.store.undo(partition, tail, again.next, topic).map_err(|e| Failure::Read(StreamError::Visit(e)))?;
+        match &self.undo {
+            Some(publisher) => {
+                publisher.publish_all(undo.iter().map(|r| (r, Some(partition)))).map_err(Failure::Undo)?;
+                self.metrics.restore.set_back(undo.len());
+            }
+            // Under exactly_once a batch's changelog is in its transaction:
+            // a reader never sees part of one.
+            None => warn!(partition, "A batch cut short in a transactional changelog: left out, not set back"),
+        }
+        Ok(again)
+    }
+
+    /// Streams `range` of the changelog partition into the store.
+    fn read(
+        &self,
+        topic: &str,
+        partition: i32,
+        range: (i64, i64),
+        records: &mut u64,
+    ) -> Result<Restored, StreamError<StoreError>> {
+        let m = &self.metrics.restore;
+        let mut into = self.store.restoring(partition);
+        let high = range.1;
+        let read = stream_partition(&self.kafka, topic, partition, range, self.stall, |key, value, remaining| {
+            if remaining % 4096 == 0 {
+                m.restore_progress(partition, remaining);
+            }
+            super::faults::point("pipeline::restoring");
+            into.apply(high - 1 - remaining, key.unwrap_or_default(), value)
+        });
+        *records += into.records();
+        match read {
+            Ok(_) => into.finish().map_err(StreamError::Visit),
+            Err(e) => {
+                if into.records() > 0 {
+                    into.abandon().map_err(StreamError::Visit)?;
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Why a restore from the changelog failed.
+enum Failure {
+    /// The changelog could not be read or restored: the input replay is
+    /// left.
+    Read(StreamError<StoreError>),
+    /// A batch cut short could not be set back.
+    Undo(KafkaError),
+}
+
+/// Why an assigned partition has no start offset.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The undo of a batch cut short in the changelog was not acknowledged.
+    #[error("partition {partition}: setting back a batch cut short in the changelog: {source}")]
+    Undo {
+        /// The partition.
+        partition: i32,
+        /// Why publishing failed.
+        source: KafkaError,
+    },
 }
 
 /// Where a newly assigned partition must restore up to without publishing:

@@ -27,7 +27,9 @@
 //! never includes a batch whose outputs might be lost with the machine
 //! that held its outbox. Under `exactly_once` they go in the batch's
 //! transaction with its outputs and offsets. They are kept in the outbox
-//! with the outputs until then, so a crash does not lose them either.
+//! with the outputs until then, so a crash does not lose them either; a
+//! crash *while* they are published leaves a batch cut short, which the
+//! next restore leaves out and sets back ([`super::restoring`]).
 
 use super::encoded::{Family, Part, Write};
 use super::keys;
@@ -68,15 +70,22 @@ fn key(family: Family, store_key: &[u8]) -> Vec<u8> {
     k
 }
 
-/// The changelog records of `part`'s writes, in write order, for `topic`.
-pub(crate) fn records(part: &Part, topic: &str) -> Vec<OutboxRecord> {
-    let bytes = &part.bytes;
-    let record = |family, store_key: &[u8], value: Option<&[u8]>| OutboxRecord {
+/// The changelog record of one store write (`value` `None`: a delete).
+pub(crate) fn record(topic: &str, family: Family, store_key: &[u8], value: Option<&[u8]>) -> OutboxRecord {
+    OutboxRecord {
         topic: topic.to_owned(),
         key: Some(key(family, store_key)),
         value: value.map(<[u8]>::to_vec),
         headers: Vec::new(),
-    };
+    }
+}
+
+/// The changelog records of `part`'s writes, in write order, for `topic`.
+/// Each partition's records end with its offsets record (the batch's
+/// offsets are its last writes): see [`super::restoring`] for why.
+pub(crate) fn records(part: &Part, topic: &str) -> Vec<OutboxRecord> {
+    let bytes = &part.bytes;
+    let record = |family, store_key: &[u8], value: Option<&[u8]>| record(topic, family, store_key, value);
     let mut out = Vec::with_capacity(part.writes.len());
     for w in &part.writes {
         match w {
@@ -95,6 +104,12 @@ pub(crate) fn records(part: &Part, topic: &str) -> Vec<OutboxRecord> {
         }
     }
     out
+}
+
+/// Whether `record` is an offsets record (the last of its batch in its
+/// partition).
+pub fn is_offsets(record: &OutboxRecord) -> bool {
+    record.key.as_deref().and_then(|k| k.get(1)) == Some(&tag(Family::Offsets))
 }
 
 /// The input partition of a changelog record (its changelog partition

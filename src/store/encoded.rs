@@ -17,7 +17,7 @@ use super::{Batch, OutboxRecord};
 use crate::core::{OperationState, RepairAction, Status};
 
 /// The column families a batch writes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Family {
     Timeline,
     Ops,

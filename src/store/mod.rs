@@ -11,11 +11,13 @@
 pub mod changelog;
 mod encoded;
 mod keys;
+mod restoring;
 mod rocks;
 pub mod timeline;
 
 pub use encoded::{Encoded, OpSummary};
-pub use rocks::{Restoring, Store, StoreError, StoreSize};
+pub use restoring::{Restored, Restoring, Tail};
+pub use rocks::{Store, StoreError, StoreSize};
 pub use timeline::{Timeline, TimelineEntry};
 
 use serde::{Deserialize, Serialize};

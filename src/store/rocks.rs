@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 
 use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, Write};
 use super::keys;
+use super::restoring::Restoring;
 use super::timeline::{Timeline, TimelineEntry};
 use super::{Batch, TimerEntry};
 use crate::config::StoreTuning;
@@ -569,7 +570,7 @@ impl Store {
     }
 
     /// Writes `wb` atomically (logged and synced as the store was opened).
-    fn write(&self, wb: WriteBatch) -> Result<(), StoreError> {
+    pub(super) fn write(&self, wb: WriteBatch) -> Result<(), StoreError> {
         let mut wo = WriteOptions::default();
         match self.logging {
             Logging::Wal { sync } => wo.set_sync(sync),
@@ -579,9 +580,14 @@ impl Store {
         Ok(())
     }
 
+    /// The stored bytes of `key` in `family`, if any.
+    pub(super) fn get_raw(&self, family: Family, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.db.get_cf(self.cf(family.name()), key)?)
+    }
+
     /// Starts restoring `partition` from its changelog (see [`Restoring`]).
     pub fn restoring(&self, partition: i32) -> Restoring<'_> {
-        Restoring { store: self, partition, wb: WriteBatch::default(), offset: None, records: 0 }
+        Restoring::new(self, partition)
     }
 
     /// Forgets everything the store holds of `partition`: its next
@@ -594,7 +600,7 @@ impl Store {
 
     /// Deletes everything the store holds of `partition` (not yet durable:
     /// `wb` is written by the caller).
-    fn wipe_partition(&self, partition: i32, wb: &mut WriteBatch) {
+    pub(super) fn wipe_partition(&self, partition: i32, wb: &mut WriteBatch) {
         let (from, to) = (keys::partition_prefix(partition), ((partition as u32) + 1).to_be_bytes());
         for family in [TIMELINE, OPS, ENTITIES, TIMERS, OFFSETS] {
             wb.delete_range_cf(self.cf(family), from, to);
@@ -607,82 +613,5 @@ impl Store {
         let families: Vec<_> = FAMILIES.iter().map(|f| self.cf(f)).collect();
         self.db.flush_cfs_opt(&families, &rocksdb::FlushOptions::default())?;
         Ok(())
-    }
-}
-
-/// A partition's state being replaced by its changelog: the first record
-/// deletes what the store held of the partition, the records are written
-/// in chunks as they come, and the next offset goes last. A crash midway
-/// leaves the partition without an offset, so the next assignment
-/// restores it again from the start; the partition is never half old,
-/// half new with an offset that claims otherwise.
-pub struct Restoring<'a> {
-    store: &'a Store,
-    partition: i32,
-    wb: WriteBatch,
-    offset: Option<i64>,
-    records: u64,
-}
-
-/// Bytes of restored records written in one RocksDB write.
-const RESTORE_CHUNK_BYTES: usize = 8 << 20;
-
-impl Restoring<'_> {
-    /// Applies one changelog record of the partition (`value` `None`: a
-    /// tombstone).
-    pub fn apply(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
-        use super::changelog::{change, Change, Unreadable};
-        if self.records == 0 {
-            self.store.wipe_partition(self.partition, &mut self.wb);
-        }
-        self.records += 1;
-        match change(self.partition, key, value) {
-            Ok(Change::Offset(next)) => self.offset = Some(next),
-            Ok(Change::Write { family, key, value }) => {
-                let cf = self.store.cf(family.name());
-                match value {
-                    Some(v) => self.wb.put_cf(cf, key, v),
-                    None => self.wb.delete_cf(cf, key),
-                }
-            }
-            Err(Unreadable::Format(found)) => {
-                return Err(StoreError::ChangelogFormat { found: found.into(), expected: FORMAT })
-            }
-            Err(Unreadable::Malformed) => {
-                return Err(StoreError::Corrupt {
-                    what: "changelog record",
-                    reason: format!("key {key:02x?} is not a changelog key of partition {}", self.partition),
-                })
-            }
-        }
-        if self.wb.size_in_bytes() >= RESTORE_CHUNK_BYTES {
-            self.store.write(std::mem::take(&mut self.wb))?;
-        }
-        Ok(())
-    }
-
-    /// Changelog records applied so far.
-    pub fn records(&self) -> u64 {
-        self.records
-    }
-
-    /// Writes the rest and the next offset; returns that offset, or `None`
-    /// when the changelog had nothing (the store is left as it was) or no
-    /// offset (the partition is left empty).
-    pub fn finish(mut self) -> Result<Option<i64>, StoreError> {
-        if let Some(next) = self.offset {
-            self.wb.put_cf(self.store.cf(OFFSETS), keys::partition_prefix(self.partition), keys::offset(next));
-        } else if self.records > 0 {
-            self.store.wipe_partition(self.partition, &mut self.wb);
-        }
-        self.store.write(std::mem::take(&mut self.wb))?;
-        Ok(self.offset)
-    }
-
-    /// Gives up: the partition is left empty (it then replays the input).
-    pub fn abandon(mut self) -> Result<(), StoreError> {
-        self.wb.clear();
-        self.store.wipe_partition(self.partition, &mut self.wb);
-        self.store.write(std::mem::take(&mut self.wb))
     }
 }

@@ -62,3 +62,30 @@ fn a_replaced_machine_restores_from_the_changelog_without_the_inputs_head_and_ag
     f.print(&format!("lost history ({from_changelog} partitions restored from the changelog, input head never read)"));
     assert_eq!((f.losses, f.divergent), (0, 0));
 }
+
+/// The instance crashes after every changelog record of a batch but its
+/// offsets records was acknowledged (crash point
+/// `pipeline::changelog_cut`): the changelog ends with a batch cut short. Restarted, the instance forgets the
+/// partitions whose changelog it still owed, restores them from the
+/// changelog, leaves the cut batch out and sets its writes back (its log
+/// and the set-back counter say so), and applies that batch again. Had it
+/// kept the cut batch's writes, the batch's events would be seen twice:
+/// every output must still equal the reference run's, byte for byte, and
+/// the final state the reference state.
+#[test]
+fn a_batch_whose_changelog_was_cut_short_by_a_crash_is_set_back_and_the_outputs_agree() {
+    let _serial = common::serial();
+    let run = Run::new("changelog-cut", 8, 40);
+    let [cut] = reconciler::pipeline::faults::CHANGELOG_CRASH_POINTS;
+    run.crash_with(0, &format!("{cut}=2*off->return"));
+    let survivor = run.spawn(None);
+    let log = survivor.log.clone();
+    let mut f = run.settle_and_check(vec![survivor], &[&run.cfg.state_dir]);
+    let log = std::fs::read_to_string(&log).unwrap();
+    let set_back = log.matches("The changelog ends with a batch cut short").count();
+    assert!(set_back >= 1, "no restore found the cut batch:\n{log}");
+    f.iterations = 1;
+    f.crashes = 1;
+    f.print(&format!("changelog cut short ({set_back} partitions set back)"));
+    assert_eq!((f.losses, f.divergent), (0, 0));
+}

@@ -13,7 +13,7 @@ use reconciler::loadgen::{Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
 use reconciler::records::{event_record, OutboxRecord, Record};
-use reconciler::store::{changelog, Batch, Store};
+use reconciler::store::{changelog, Batch, Restored, Store};
 
 const PARTITIONS: i32 = 3;
 
@@ -75,17 +75,34 @@ fn workload(store: &Store, cfg: &Config) -> Vec<OutboxRecord> {
     log
 }
 
+/// The records of `log` in changelog partition `p`, in order.
+fn of_partition(log: &[OutboxRecord], p: i32) -> Vec<OutboxRecord> {
+    log.iter().filter(|r| changelog::partition_of(r.key.as_deref().unwrap()) == Some(p)).cloned().collect()
+}
+
+/// Restores partition `p` from `records` (its changelog, from position 0).
+fn restore_partition(store: &Store, p: i32, records: &[OutboxRecord]) -> Restored {
+    let mut into = store.restoring(p);
+    for (at, r) in records.iter().enumerate() {
+        into.apply(at as i64, r.key.as_deref().unwrap(), r.value.as_deref()).unwrap();
+    }
+    into.finish().unwrap()
+}
+
 /// Restores every partition of `log` into `store`; the offsets restored to.
 fn restore(store: &Store, log: &[OutboxRecord]) -> BTreeMap<i32, Option<i64>> {
     let mut restored = BTreeMap::new();
     for p in 0..PARTITIONS {
-        let mut into = store.restoring(p);
-        for r in log.iter().filter(|r| changelog::partition_of(r.key.as_deref().unwrap()) == Some(p)) {
-            into.apply(r.key.as_deref().unwrap(), r.value.as_deref()).unwrap();
-        }
-        restored.insert(p, into.finish().unwrap());
+        let r = restore_partition(store, p, &of_partition(log, p));
+        assert_eq!(r.tail, None, "a changelog of whole batches has no tail");
+        restored.insert(p, r.next);
     }
     restored
+}
+
+/// Whether `r` is an offsets record.
+fn is_offsets(r: &OutboxRecord) -> bool {
+    r.key.as_deref().unwrap()[1] == b'n'
 }
 
 #[test]
@@ -108,11 +125,14 @@ fn a_changelog_restores_the_state_its_batches_wrote_also_compacted_and_over_stal
     // What compaction leaves (the latest record per key, tombstones gone
     // after delete.retention.ms), over a store holding stale state of
     // partition 0 and a later offset: the stale state does not survive.
-    let mut latest: BTreeMap<Vec<u8>, &OutboxRecord> = BTreeMap::new();
-    for r in &log {
-        latest.insert(r.key.clone().unwrap(), r);
+    // (In log order, as compaction keeps it.)
+    let mut latest: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
+    for (at, r) in log.iter().enumerate() {
+        latest.insert(r.key.clone().unwrap(), at);
     }
-    let compacted: Vec<OutboxRecord> = latest.into_values().filter(|r| r.value.is_some()).cloned().collect();
+    let mut kept: Vec<usize> = latest.into_values().filter(|at| log[*at].value.is_some()).collect();
+    kept.sort_unstable();
+    let compacted: Vec<OutboxRecord> = kept.into_iter().map(|at| log[at].clone()).collect();
     assert!(compacted.len() < log.len() / 2, "compaction keeps {} of {}", compacted.len(), log.len());
     let (c, _dc) = open("stale");
     let mut stale = Batch::default();
@@ -127,6 +147,79 @@ fn a_changelog_restores_the_state_its_batches_wrote_also_compacted_and_over_stal
     let mut own = Batch::default();
     own.set_offset(1, 7);
     d.commit(own).unwrap();
-    assert_eq!(d.restoring(1).finish().unwrap(), None);
+    assert_eq!(d.restoring(1).finish().unwrap(), Restored { next: None, tail: None });
     assert_eq!(d.next_offset(1).unwrap(), Some(7));
+}
+
+/// An owner that stopped while publishing a batch's changelog left its
+/// first records without the batch's offsets record. The restore reports
+/// that tail; restored again up to the batch before, the state is the one
+/// of the complete batches; its undo, published after the tail, makes the
+/// changelog restore that state on its own, and the batch applied again
+/// after the undo restores exactly the state of the uncut changelog.
+#[test]
+fn a_batch_cut_short_at_the_end_of_the_changelog_is_left_out_and_set_back() {
+    let cfg = Config::default();
+    let (a, _da) = open("cut-source");
+    let log = workload(&a, &cfg);
+    let p0 = of_partition(&log, 0);
+    let ends: Vec<usize> = p0.iter().enumerate().filter(|(_, r)| is_offsets(r)).map(|(at, _)| at + 1).collect();
+    assert!(ends.len() > 3, "the workload has batches: {ends:?}");
+    // The cut batch: the one after the second complete batch, cut in its
+    // middle.
+    let (complete, next_end) = (ends[1], ends[2]);
+    assert!(next_end - complete > 2, "the batch has writes to cut");
+    let cut = complete + (next_end - complete) / 2;
+
+    let (reference, _dr) = open("cut-reference");
+    let before = restore_partition(&reference, 0, &p0[..complete]);
+    assert_eq!(before.tail, None);
+    let want_before = state(&reference);
+
+    // The tail is reported, and where the complete batches end.
+    let (b, _db) = open("cut");
+    let cut_short = restore_partition(&b, 0, &p0[..cut]);
+    let tail = cut_short.tail.expect("the cut batch is reported");
+    assert_eq!(tail.complete_to, Some(complete as i64));
+    assert_eq!(tail.len(), cut - complete);
+    // Restored again up to there: the state of the complete batches.
+    let again = restore_partition(&b, 0, &p0[..complete]);
+    assert_eq!(again.next, before.next);
+    assert!(state(&b) == want_before, "restored up to the batch before the cut, the state differs");
+
+    // The undo after the tail: a changelog that restores on its own to the
+    // state before the cut batch, with no tail left.
+    let undo = b.undo(0, &tail, again.next, &cfg.topics.changelog).unwrap();
+    assert_eq!(
+        undo.len(),
+        1 + p0[complete..cut].iter().map(|r| r.key.clone()).collect::<std::collections::BTreeSet<_>>().len()
+    );
+    let mut set_back: Vec<OutboxRecord> = p0[..cut].to_vec();
+    set_back.extend(undo.iter().cloned());
+    let (c, _dc) = open("cut-undone");
+    let undone = restore_partition(&c, 0, &set_back);
+    assert_eq!(undone, Restored { next: before.next, tail: None });
+    assert!(state(&c) == want_before, "the tail followed by its undo restores another state");
+
+    // The batch published again, whole, after the undo: the state of the
+    // changelog that was never cut.
+    set_back.extend(p0[complete..next_end].iter().cloned());
+    let (d, _dd) = open("cut-redone");
+    let redone = restore_partition(&d, 0, &set_back);
+    let (e, _de) = open("uncut");
+    let uncut = restore_partition(&e, 0, &p0[..next_end]);
+    assert_eq!(redone, uncut);
+    assert!(
+        state(&d) == state(&e),
+        "the re-published batch after the undo restores another state than the uncut changelog"
+    );
+
+    // Without any complete batch, the tail is all there is: nothing of the
+    // partition stays, and the undo deletes every key the tail wrote.
+    let (f, _df) = open("cut-only");
+    let only = restore_partition(&f, 0, &p0[..ends[0] - 1]);
+    let tail = only.tail.expect("a tail with no batch before it");
+    assert_eq!((only.next, tail.complete_to), (None, None));
+    f.forget_partition(0).unwrap();
+    assert!(f.undo(0, &tail, None, "t.state").unwrap().iter().all(|r| r.value.is_none()));
 }

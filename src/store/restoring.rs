@@ -1,0 +1,187 @@
+//! Restoring a partition's state from its changelog ([`super::changelog`]).
+//!
+//! # Batches cut short
+//!
+//! The changelog records of a batch end, in each partition, with the
+//! partition's offsets record. Under `at_least_once` they are published
+//! without a transaction, so an owner that crashes (or loses the
+//! partition) while publishing them can leave the first records of a batch
+//! in the changelog without its offsets record: a *tail* of writes whose
+//! batch the state never finished. Applying the tail would give a state
+//! that has part of a batch under the offset before it, and the next owner
+//! would apply that batch's records again on top of it (an event seen
+//! twice). So [`Restoring`] notes where the last offsets record was read;
+//! when records follow it, [`Restored::tail`] says so, the caller restores
+//! again up to that record (a changelog read twice, only after such a
+//! crash), and publishes [`Restored::undo`]: the tail's keys set back to the
+//! values they have there. Whoever restores later reads the tail followed
+//! by its undo, and the batch applied again after that, in log order.
+//!
+//! Why the values under the tail are still there to read: compaction never
+//! cleans the active segment, and a tail followed by no record stays in it.
+//! Once the undo follows, the tail's records are superseded by it.
+
+use rocksdb::WriteBatch;
+
+use super::changelog::{change, record, Change, Unreadable};
+use super::encoded::Family;
+use super::keys;
+use super::rocks::{Store, StoreError, FORMAT, OFFSETS};
+use crate::records::OutboxRecord;
+
+/// A partition's state being replaced by its changelog: the first record
+/// deletes what the store held of the partition, the records are written
+/// in chunks as they come, and the next offset goes last. A crash midway
+/// leaves the partition without an offset, so the next assignment
+/// restores it again from the start; the partition is never half old,
+/// half new with an offset that claims otherwise.
+pub struct Restoring<'a> {
+    store: &'a Store,
+    partition: i32,
+    wb: WriteBatch,
+    offset: Option<i64>,
+    records: u64,
+    /// The changelog position after the last offsets record read.
+    complete_to: Option<i64>,
+    /// The writes read since then: `(family, store key)`.
+    tail: Vec<(Family, Vec<u8>)>,
+}
+
+/// Bytes of restored records written in one RocksDB write.
+const RESTORE_CHUNK_BYTES: usize = 8 << 20;
+
+/// What a restore left.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Restored {
+    /// The next input offset the restored state includes; `None` when the
+    /// changelog had nothing (the store is left as it was) or no offsets
+    /// record (the partition is left empty).
+    pub next: Option<i64>,
+    /// Writes were read after the last offsets record: the changelog
+    /// position to restore up to instead (see the module doc).
+    pub tail: Option<Tail>,
+}
+
+/// The writes of a batch whose changelog was cut short.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Tail {
+    /// The changelog position just after the last complete batch (the
+    /// partition's first position when there is none).
+    pub complete_to: Option<i64>,
+    keys: Vec<(Family, Vec<u8>)>,
+}
+
+impl Tail {
+    /// Writes in the tail.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the tail is empty (never, for a tail a restore reports).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+impl<'a> Restoring<'a> {
+    pub(super) fn new(store: &'a Store, partition: i32) -> Restoring<'a> {
+        Restoring {
+            store,
+            partition,
+            wb: WriteBatch::default(),
+            offset: None,
+            records: 0,
+            complete_to: None,
+            tail: Vec::new(),
+        }
+    }
+
+    /// Applies the changelog record at position `at` of the partition
+    /// (`value` `None`: a tombstone).
+    pub fn apply(&mut self, at: i64, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
+        if self.records == 0 {
+            self.store.wipe_partition(self.partition, &mut self.wb);
+        }
+        self.records += 1;
+        match change(self.partition, key, value) {
+            Ok(Change::Offset(next)) => {
+                self.offset = Some(next);
+                self.complete_to = Some(at + 1);
+                self.tail.clear();
+            }
+            Ok(Change::Write { family, key, value }) => {
+                let cf = self.store.cf(family.name());
+                match value {
+                    Some(v) => self.wb.put_cf(cf, key, v),
+                    None => self.wb.delete_cf(cf, key),
+                }
+                self.tail.push((family, key.to_vec()));
+            }
+            Err(Unreadable::Format(found)) => {
+                return Err(StoreError::ChangelogFormat { found: found.into(), expected: FORMAT })
+            }
+            Err(Unreadable::Malformed) => {
+                return Err(StoreError::Corrupt {
+                    what: "changelog record",
+                    reason: format!("key {key:02x?} is not a changelog key of partition {}", self.partition),
+                })
+            }
+        }
+        if self.wb.size_in_bytes() >= RESTORE_CHUNK_BYTES {
+            self.store.write(std::mem::take(&mut self.wb))?;
+        }
+        Ok(())
+    }
+
+    /// Changelog records applied so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Writes the rest and the next offset (see [`Restored`]). With a tail,
+    /// the state written holds it: restore again up to
+    /// [`Tail::complete_to`] before using it.
+    pub fn finish(mut self) -> Result<Restored, StoreError> {
+        if let Some(next) = self.offset {
+            self.wb.put_cf(self.store.cf(OFFSETS), keys::partition_prefix(self.partition), keys::offset(next));
+        } else if self.records > 0 {
+            self.store.wipe_partition(self.partition, &mut self.wb);
+        }
+        self.store.write(std::mem::take(&mut self.wb))?;
+        let tail = (!self.tail.is_empty()).then_some(Tail { complete_to: self.complete_to, keys: self.tail });
+        Ok(Restored { next: self.offset, tail })
+    }
+
+    /// Gives up: the partition is left empty (it then replays the input).
+    pub fn abandon(mut self) -> Result<(), StoreError> {
+        self.wb.clear();
+        self.store.wipe_partition(self.partition, &mut self.wb);
+        self.store.write(std::mem::take(&mut self.wb))
+    }
+}
+
+impl Store {
+    /// The changelog records that set `tail`'s keys back to what the store
+    /// holds of them now (restored up to [`Tail::complete_to`]), followed
+    /// by the offsets record of `next` when there is one, for `topic`.
+    pub fn undo(
+        &self,
+        partition: i32,
+        tail: &Tail,
+        next: Option<i64>,
+        topic: &str,
+    ) -> Result<Vec<OutboxRecord>, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::with_capacity(tail.keys.len() + 1);
+        for (family, key) in &tail.keys {
+            if seen.insert((*family, key.as_slice())) {
+                let now = self.get_raw(*family, key)?;
+                out.push(record(topic, *family, key, now.as_deref()));
+            }
+        }
+        if let Some(next) = next {
+            out.push(record(topic, Family::Offsets, &keys::partition_prefix(partition), Some(&keys::offset(next))));
+        }
+        Ok(out)
+    }
+}
