@@ -24,6 +24,7 @@ mod pipeline;
 mod probe;
 mod prometheus;
 mod reliability;
+mod scale;
 
 // The tests link the library with its crash points.
 const _: () = assert!(reconciler::pipeline::faults::ARMED, "the crash points are compiled in");
