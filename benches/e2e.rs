@@ -130,8 +130,8 @@ fn config_with(
     let t = &cfg.topics;
     let guarantee = if exactly_once { "exactly_once" } else { "at_least_once" };
     let toml = format!(
-        "guarantee = {guarantee:?}\nstate_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\npartitions = {partitions}\n[consumer]\ngroup_id = {:?}\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"receive.message.max.bytes\" = \"104857600\"\n",
-        cfg.state_dir, t.events, t.verdicts, t.anomalies, t.dlq, t.commands, t.changelog, cfg.consumer.group_id, brokers
+        "guarantee = {guarantee:?}\nstate_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\nfleet = {:?}\npartitions = {partitions}\n[consumer]\ngroup_id = {:?}\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"receive.message.max.bytes\" = \"104857600\"\n",
+        cfg.state_dir, t.events, t.verdicts, t.anomalies, t.dlq, t.commands, t.changelog, t.fleet, cfg.consumer.group_id, brokers
     );
     std::fs::write(&file, toml).unwrap();
     (cfg, file)

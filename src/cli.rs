@@ -118,6 +118,11 @@ pub enum Command {
     Explain {
         /// The operation_id.
         operation_id: String,
+        /// Ask the fleet (the members announced on `[topics] fleet`, over
+        /// their HTTP APIs) instead of the local state directory: the
+        /// operation as its owner explains it.
+        #[arg(long)]
+        fleet: bool,
         /// The state directory to read and the output format.
         #[command(flatten)]
         view: ViewArgs,
@@ -130,6 +135,11 @@ pub enum Command {
     ///
     /// Example: reconciler review --type sync_customer --older-than 2h
     Review {
+        /// Ask the fleet (the members announced on `[topics] fleet`, over
+        /// their HTTP APIs) instead of the local state directory: every
+        /// member's queue, merged.
+        #[arg(long)]
+        fleet: bool,
         /// Only this operation type.
         #[arg(long = "type")]
         operation_type: Option<String>,

@@ -34,9 +34,11 @@
 //!   the zombie fence), `pipeline/timers.rs` (where timers fire),
 //!   `pipeline/sampler.rs` (the state gauges), `pipeline/faults.rs` (crash
 //!   points of the reliability suites, off in release builds).
+//! - [`fleet`]: which instance owns which partitions and where its API
+//!   answers (the fleet topic), and asking the members.
 //! - [`operator`]: explain, review, resolve, replay, DLQ re-drive (the
 //!   operator's tools), and [`http`]: metrics, health, operator API and the
-//!   exception panel over HTTP.
+//!   exception panel over HTTP (for the whole fleet with `?scope=fleet`).
 //! - [`probe`]: `reconciler probe`, the worker that answers PROBE commands
 //!   by querying the destinations (HTTP, PostgreSQL) and publishes what it
 //!   found to the input topic.
@@ -55,6 +57,8 @@ pub mod config;
 pub mod core;
 #[cfg(feature = "io")]
 pub mod demo;
+#[cfg(feature = "io")]
+pub mod fleet;
 #[cfg(feature = "io")]
 pub mod http;
 #[cfg(feature = "io")]

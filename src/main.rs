@@ -14,7 +14,7 @@ use reconciler::config::Config;
 use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
 use reconciler::pipeline::Pipeline;
 use reconciler::probe::ProbeWorker;
-use reconciler::{demo, http, loadgen, report};
+use reconciler::{demo, http, loadgen, operator, report};
 
 /// mimalloc rather than the system allocator: the pipeline allocates and
 /// frees many small strings and states per record (Cargo.toml says why).
@@ -90,12 +90,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 None
             };
-            let _server = match bind {
-                Some(addr) => Some(http::Server::start(addr, http::AppState::of(&pipeline, cfg, system_clock()))?),
-                None => None,
+            let (_server, fleet) = match bind {
+                Some(addr) => {
+                    let state = http::AppState::of(&pipeline, cfg.clone(), system_clock());
+                    let server = http::Server::start(addr, state.clone())?;
+                    // The fleet view: announced at the URL others reach.
+                    let fleet = match (cfg.topics.fleet(), cfg.http.advertised(server.addr())) {
+                        (Some(_), Some(url)) => {
+                            Some(http::Fleet::start(&state, url, shutdown.clone()).context("joining the fleet")?)
+                        }
+                        (Some(_), None) => {
+                            tracing::warn!(bind = %server.addr(), "Not announced to the fleet: the server listens on a wildcard address and [http] advertised_url is not set");
+                            None
+                        }
+                        (None, _) => None,
+                    };
+                    (Some(server), fleet)
+                }
+                None => (None, None),
             };
             let ran = pipeline.run(&shutdown);
             shutdown.store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some(f) = fleet {
+                f.join();
+            }
             if let Some(p) = probe {
                 p.join().map_err(|_| anyhow::anyhow!("the probe worker panicked"))?.context("probe worker")?;
             }
@@ -137,15 +155,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Explain { operation_id, view } => {
+        Command::Explain { operation_id, fleet, view } => {
             set_state_dir(&mut cfg, view.state_dir);
-            print!("{}", commands::explain_cmd(&cfg, &operation_id, view.json)?);
+            print!(
+                "{}",
+                if fleet {
+                    operator::fleet::explain_fleet_cmd(&cfg, &operation_id, view.json)?
+                } else {
+                    commands::explain_cmd(&cfg, &operation_id, view.json)?
+                }
+            );
             Ok(())
         }
-        Command::Review { operation_type, outcome, older_than, waiting, view } => {
+        Command::Review { fleet, operation_type, outcome, older_than, waiting, view } => {
             set_state_dir(&mut cfg, view.state_dir);
             let filter = ReviewFilter { operation_type, outcome, older_than_ms: older_than, waiting };
-            print!("{}", commands::review_cmd(&cfg, &filter, view.json)?);
+            print!(
+                "{}",
+                if fleet {
+                    operator::fleet::review_fleet_cmd(&cfg, &filter, view.json)?
+                } else {
+                    commands::review_cmd(&cfg, &filter, view.json)?
+                }
+            );
             Ok(())
         }
         Command::Resolve { operation_id, decision, actor, note, evidence_checked, view } => {

@@ -84,6 +84,12 @@ pub struct Topics {
     /// partition then replays the input from its start, which needs the
     /// input's whole history).
     pub changelog: String,
+    /// The fleet: a compacted topic of one partition where each running
+    /// instance announces its HTTP address (`[http] advertised_url`) and
+    /// the partitions it owns, so that the API and panel of any instance
+    /// answer for the whole fleet. Empty: no fleet view (each instance
+    /// answers for the partitions it owns).
+    pub fleet: String,
     /// Partitions for topics the reconciler creates when missing.
     pub partitions: i32,
     /// Replication factor for topics the reconciler creates.
@@ -99,6 +105,7 @@ impl Default for Topics {
             dlq: "ops.events.dlq".into(),
             commands: "ops.commands".into(),
             changelog: "ops.state".into(),
+            fleet: "ops.fleet".into(),
             partitions: 6,
             replication_factor: 1,
         }
@@ -116,6 +123,7 @@ impl Topics {
             dlq: format!("{prefix}.dlq"),
             commands: format!("{prefix}.commands"),
             changelog: format!("{prefix}.state"),
+            fleet: format!("{prefix}.fleet"),
             partitions,
             replication_factor: 1,
         }
@@ -130,6 +138,11 @@ impl Topics {
     /// The changelog topic, unless it is turned off (empty name).
     pub fn changelog(&self) -> Option<&str> {
         (!self.changelog.is_empty()).then_some(self.changelog.as_str())
+    }
+
+    /// The fleet topic, unless it is turned off (empty name).
+    pub fn fleet(&self) -> Option<&str> {
+        (!self.fleet.is_empty()).then_some(self.fleet.as_str())
     }
 }
 
@@ -278,18 +291,28 @@ pub struct Http {
     /// require; without one they are disabled. Prefer the environment
     /// variable RECONCILER_HTTP__TOKEN to writing it in a file.
     pub token: Option<String>,
+    /// The URL other instances and operators reach this instance's API at
+    /// (announced on `[topics] fleet`), e.g. `http://10.0.3.7:9464`.
+    /// Default: `http://` and the bind address, unless that is a wildcard
+    /// (0.0.0.0, ::), which no one else can reach: then this instance is
+    /// not announced, and says so at start-up.
+    pub advertised_url: Option<String>,
 }
 
 impl Default for Http {
     fn default() -> Self {
-        Http { bind: "127.0.0.1:9464".into(), token: None }
+        Http { bind: "127.0.0.1:9464".into(), token: None, advertised_url: None }
     }
 }
 
 impl std::fmt::Debug for Http {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let token = self.token.as_ref().map(|_| REDACTED);
-        f.debug_struct("Http").field("bind", &self.bind).field("token", &token).finish()
+        f.debug_struct("Http")
+            .field("bind", &self.bind)
+            .field("token", &token)
+            .field("advertised_url", &self.advertised_url)
+            .finish()
     }
 }
 
@@ -297,6 +320,16 @@ impl Http {
     /// The address to listen on, or `None` when the server is off.
     pub fn bind_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
         bind_addr("http.bind", &self.bind)
+    }
+
+    /// The URL this instance announces, given the address it listens on
+    /// (see [`Http::advertised_url`]); `None`: not reachable by others.
+    pub fn advertised(&self, listening: std::net::SocketAddr) -> Option<String> {
+        match &self.advertised_url {
+            Some(url) => Some(url.trim_end_matches('/').to_owned()),
+            None if listening.ip().is_unspecified() => None,
+            None => Some(format!("http://{listening}")),
+        }
     }
 }
 
@@ -446,8 +479,9 @@ impl Config {
             ("topics.dlq", &t.dlq),
             ("topics.commands", &t.commands),
         ];
-        // An empty changelog name turns the changelog off.
-        for (field, name) in named.into_iter().chain(t.changelog().map(|c| ("topics.changelog", c))) {
+        // An empty changelog (fleet) name turns the changelog (fleet) off.
+        let optional = [("topics.changelog", t.changelog()), ("topics.fleet", t.fleet())];
+        for (field, name) in named.into_iter().chain(optional.into_iter().filter_map(|(f, n)| Some((f, n?)))) {
             if name.is_empty()
                 || name.len() > 249
                 || !name.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
@@ -457,6 +491,15 @@ impl Config {
         }
         if t.all().contains(&t.changelog.as_str()) {
             return Err(invalid("topics.changelog", format!("{:?} is also an input or output topic", t.changelog)));
+        }
+        if t.fleet().is_some() && (t.all().contains(&t.fleet.as_str()) || t.fleet == t.changelog) {
+            return Err(invalid("topics.fleet", format!("{:?} is also another topic of the reconciler", t.fleet)));
+        }
+        if let Some(url) = &self.http.advertised_url {
+            let ok = ["http://", "https://"].iter().any(|s| url.strip_prefix(s).is_some_and(|rest| !rest.is_empty()));
+            if !ok {
+                return Err(invalid("http.advertised_url", format!("{url:?} is not an http:// or https:// URL")));
+            }
         }
         if t.partitions < 1 {
             return Err(invalid("topics.partitions", "must be at least 1"));
@@ -675,6 +718,24 @@ mod tests {
         assert!(err.contains("http.token"), "{err}");
         let cfg = from_toml("[http]\ntoken = \"s3cret\"\n").unwrap();
         assert!(!format!("{cfg:?}").contains("s3cret"), "the token never shows in a debug print");
+    }
+
+    #[test]
+    fn the_fleet_topic_and_advertised_url_are_checked() {
+        let url = |bind: &str, adv: Option<&str>| {
+            let http = Http { bind: bind.into(), token: None, advertised_url: adv.map(str::to_owned) };
+            http.advertised(bind.parse().unwrap())
+        };
+        assert_eq!(url("127.0.0.1:9464", None).as_deref(), Some("http://127.0.0.1:9464"));
+        assert_eq!(url("0.0.0.0:9464", None), None, "a wildcard address reaches no one");
+        assert_eq!(url("0.0.0.0:9464", Some("http://10.0.3.7:9464/")).as_deref(), Some("http://10.0.3.7:9464"));
+        let err = from_toml("[http]\nadvertised_url = \"10.0.3.7:9464\"\n").unwrap_err().to_string();
+        assert!(err.contains("http.advertised_url"), "{err}");
+        let err = from_toml("[topics]\nfleet = \"ops.state\"\n").unwrap_err().to_string();
+        assert!(err.contains("topics.fleet"), "{err}");
+        let err = from_toml("[topics]\nfleet = \"no spaces\"\n").unwrap_err().to_string();
+        assert!(err.contains("topics.fleet"), "{err}");
+        assert_eq!(from_toml("[topics]\nfleet = \"\"\n").unwrap().topics.fleet(), None);
     }
 
     #[test]

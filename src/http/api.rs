@@ -4,7 +4,7 @@
 //! input log, never written to the store.
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -58,9 +58,34 @@ where
     }
 }
 
-/// `GET /api/operations/{id}`: state, evidence and timeline.
-pub(super) async fn operation(State(s): State<AppState>, Path(id): Path<String>) -> Response {
-    blocking(move || operator::explain(&s.store, &id)?.ok_or_else(|| OperatorError::NotFound(id).into())).await
+/// `?scope=`: `local` (default: the partitions this instance owns now) or
+/// `fleet` (every live member, see [`super::fleet`]).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Scope {
+    scope: Option<String>,
+}
+
+/// `GET /api/operations/{id}[?scope=fleet]`: state, evidence and timeline.
+/// Locally, only of an operation in a partition this instance owns now.
+pub(super) async fn operation(State(s): State<AppState>, Path(id): Path<String>, Query(q): Query<Scope>) -> Response {
+    match super::fleet::wants_fleet(q.scope.as_deref()) {
+        Ok(true) => return super::fleet::operation(&s, &id).await,
+        Ok(false) => {}
+        Err(r) => return *r,
+    }
+    blocking(move || {
+        let found = operator::explain(&s.store, &id)?.ok_or_else(|| OperatorError::NotFound(id.clone()))?;
+        if !s.owns(found.partition) {
+            return Err(ApiError(StatusCode::NOT_FOUND, not_owned(&id, found.partition)));
+        }
+        Ok(found)
+    })
+    .await
+}
+
+/// Why a case in the store is not answered for.
+fn not_owned(id: &str, partition: i32) -> String {
+    format!("operation {id} is in partition {partition}, which this instance does not own now (ask with ?scope=fleet)")
 }
 
 #[derive(Debug, Deserialize)]
@@ -73,10 +98,31 @@ pub(super) struct ReviewQuery {
     /// `person` (the review queue, default) or `machine` (cases waiting
     /// for a PROBE or REQUEUE to be answered).
     waiting: Option<String>,
+    /// `local` (default) or `fleet`.
+    scope: Option<String>,
 }
 
-/// `GET /api/review?type=&outcome=&older_than=&waiting=`: the queue, oldest first.
-pub(super) async fn review(State(s): State<AppState>, Query(q): Query<ReviewQuery>) -> Response {
+/// `GET /api/review?type=&outcome=&older_than=&waiting=&scope=`: the
+/// queue, oldest first: of the partitions this instance owns now, or with
+/// `scope=fleet` of every live member (`{cases, members}`).
+pub(super) async fn review(
+    State(s): State<AppState>,
+    Query(q): Query<ReviewQuery>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    match super::fleet::wants_fleet(q.scope.as_deref()) {
+        Ok(true) => {
+            let rest: Vec<&str> = raw
+                .as_deref()
+                .unwrap_or("")
+                .split('&')
+                .filter(|kv| !kv.is_empty() && !kv.starts_with("scope="))
+                .collect();
+            return super::fleet::review(&s, &rest.join("&")).await;
+        }
+        Ok(false) => {}
+        Err(r) => return *r,
+    }
     let empty = |v: Option<String>| v.filter(|s| !s.is_empty());
     let outcome = match empty(q.outcome).map(|o| parse_outcome(&o)).transpose() {
         Ok(o) => o,
@@ -95,7 +141,12 @@ pub(super) async fn review(State(s): State<AppState>, Query(q): Query<ReviewQuer
     };
     let filter = ReviewFilter { operation_type: empty(q.operation_type), outcome, older_than_ms, waiting };
     let now = (s.clock)();
-    blocking(move || Ok(operator::review(&s.store, &filter, now)?)).await
+    blocking(move || {
+        let mut cases = operator::review(&s.store, &filter, now)?;
+        cases.retain(|c| s.owns(c.partition));
+        Ok(cases)
+    })
+    .await
 }
 
 /// A request that changes state: the bearer token first, then the JSON
@@ -113,7 +164,7 @@ fn admit<T>(
 }
 
 /// The body of a resolve request.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ResolveBody {
     /// CONFIRM, REQUEUE, COMPENSATE or CLOSE, in any case (as the CLI).
@@ -126,16 +177,36 @@ pub(super) struct ResolveBody {
 
 /// `POST /api/operations/{id}/resolve`: publishes a ManualDecision event to
 /// the operation's partition of the input topic; the pipeline applies it.
+/// With `?scope=fleet`, an operation this instance does not own now is
+/// resolved by the member that does (the request is sent on to it).
 pub(super) async fn resolve(
     State(s): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<Scope>,
     body: Result<Json<ResolveBody>, JsonRejection>,
 ) -> Response {
+    let fleet = match super::fleet::wants_fleet(q.scope.as_deref()) {
+        Ok(f) => f,
+        Err(r) => return *r,
+    };
     let b = match admit(s.cfg.http.token.as_deref(), &headers, body, "{decision, actor, note, evidence_checked?}") {
         Ok(b) => b,
         Err(r) => return *r,
     };
+    let here = {
+        let (s, id) = (s.clone(), id.clone());
+        tokio::task::spawn_blocking(move || {
+            operator::explain(&s.store, &id).ok().flatten().is_some_and(|e| s.owns(e.partition))
+        })
+        .await
+        .unwrap_or(false)
+    };
+    if fleet && !here {
+        let authorization = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let body = serde_json::to_value(&b).expect("a resolve body serializes");
+        return super::fleet::resolve(&s, &id, authorization, &body).await;
+    }
     let decision = match parse_decision(&b.decision) {
         Ok(d) => d,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
@@ -150,6 +221,9 @@ pub(super) async fn resolve(
     let now = (s.clock)();
     blocking(move || {
         let prepared = operator::resolve::prepare(&s.store, &req, now)?;
+        if !s.owns(prepared.partition) {
+            return Err(ApiError(StatusCode::NOT_FOUND, not_owned(&req.operation_id, prepared.partition)));
+        }
         // One decision at a time: the publisher's delivery accounting is per flush.
         let mut slot = s.decisions.lock().unwrap_or_else(|e| e.into_inner());
         if slot.is_none() {

@@ -11,9 +11,10 @@
 
 mod api;
 mod auth;
+mod fleet;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use axum::extract::State;
@@ -26,6 +27,8 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::fleet::Roster;
+use crate::kafka::consumer::Ownership;
 use crate::kafka::producer::Publisher;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -63,6 +66,24 @@ pub struct AppState {
     pub clock: Clock,
     /// Publishes decisions to the input topic; created on first use.
     pub decisions: Arc<Mutex<Option<Publisher>>>,
+    /// The partitions the pipeline owns now: the API answers for those
+    /// only, never for what the store still holds of partitions that moved
+    /// away. `None`: no pipeline beside (everything the store holds).
+    pub owned: Option<Ownership>,
+    /// This instance in the fleet, once it is announced (see
+    /// [`Fleet::start`]): `?scope=fleet` asks every member.
+    pub fleet: Arc<OnceLock<FleetView>>,
+    /// The client that asks the other members.
+    pub client: reqwest::Client,
+}
+
+/// What the server knows of the fleet.
+#[derive(Clone)]
+pub struct FleetView {
+    /// This instance's advertised URL.
+    pub me: String,
+    /// The members heard of on the fleet topic.
+    pub roster: Roster,
 }
 
 impl AppState {
@@ -74,6 +95,57 @@ impl AppState {
             cfg: Arc::new(cfg),
             clock,
             decisions: Arc::new(Mutex::new(None)),
+            owned: Some(pipeline.ownership()),
+            fleet: Arc::new(OnceLock::new()),
+            client: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(10))
+                .build()
+                .expect("an HTTP client with default settings builds"),
+        }
+    }
+
+    /// Whether the pipeline owns `partition` now (always, without one).
+    pub fn owns(&self, partition: i32) -> bool {
+        self.owned.as_ref().is_none_or(|o| o.owned().contains(&partition))
+    }
+}
+
+/// This instance's part in the fleet view: announcing itself and watching
+/// the others (see [`crate::fleet`]). Stops with the flag it was started
+/// with.
+pub struct Fleet {
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Fleet {
+    /// Announces the instance whose server is `server` (reachable at
+    /// `url`) on the fleet topic of `state`'s config and watches the
+    /// others; the server's `?scope=fleet` answers from then on.
+    pub fn start(
+        state: &AppState,
+        url: String,
+        shutdown: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Fleet, crate::kafka::KafkaError> {
+        let cfg = &state.cfg;
+        let Some(topic) = cfg.topics.fleet() else { return Ok(Fleet { handles: Vec::new() }) };
+        crate::kafka::admin::ensure_compacted(&cfg.kafka, topic, 1, cfg.topics.replication_factor)?;
+        let roster = Roster::default();
+        let owned = state.owned.clone();
+        let owned: crate::fleet::announce::Owned =
+            Box::new(move || owned.as_ref().map(Ownership::owned).unwrap_or_default());
+        let handles = vec![
+            crate::fleet::watch::spawn(&cfg.kafka, topic, roster.clone(), shutdown.clone())?,
+            crate::fleet::announce::spawn(&cfg.kafka, topic, url.clone(), owned, shutdown)?,
+        ];
+        let _ = state.fleet.set(FleetView { me: url, roster });
+        Ok(Fleet { handles })
+    }
+
+    /// Waits for both threads (after the shutdown flag is set): the
+    /// instance has left the fleet.
+    pub fn join(self) {
+        for h in self.handles {
+            let _ = h.join();
         }
     }
 }
@@ -183,6 +255,7 @@ fn router(state: AppState) -> Router {
         .route("/api/review", get(api::review))
         .route("/api/operations/{id}/resolve", post(api::resolve))
         .route("/api/dlq/redrive", post(api::redrive))
+        .route("/api/fleet", get(fleet::members))
         .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(state)
 }

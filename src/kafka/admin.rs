@@ -47,6 +47,21 @@ pub fn ensure_changelog(
     Ok(created)
 }
 
+/// Creates `topic` compacted with `partitions` when it does not exist
+/// (the fleet topic: the latest value of each key is what counts).
+pub fn ensure_compacted(
+    kafka: &BTreeMap<String, String>,
+    topic: &str,
+    partitions: i32,
+    replication: i32,
+) -> Result<(), KafkaError> {
+    create(
+        kafka,
+        vec![NewTopic::new(topic, partitions, TopicReplication::Fixed(replication)).set("cleanup.policy", "compact")],
+    )?;
+    Ok(())
+}
+
 /// Creates the topics of `new` that do not exist; how many it created.
 fn create(kafka: &BTreeMap<String, String>, new: Vec<NewTopic<'_>>) -> Result<usize, KafkaError> {
     let admin: AdminClient<DefaultClientContext> =

@@ -49,6 +49,18 @@ pub struct Assignment {
     pub received: bool,
 }
 
+/// A handle on the partitions the member owns now, for the HTTP server and
+/// the fleet announcer (cheap to clone).
+#[derive(Clone)]
+pub struct Ownership(Arc<Mutex<Assignment>>);
+
+impl Ownership {
+    /// The partitions owned now.
+    pub fn owned(&self) -> BTreeSet<i32> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).owned.keys().copied().collect()
+    }
+}
+
 /// Where an assigned partition starts (`Ok(None)`: at its beginning), from
 /// the member's own state, given the partition and the group's committed
 /// offset of it (if any); an error stops the member.
@@ -204,6 +216,11 @@ pub struct GroupConsumer {
 }
 
 impl GroupConsumer {
+    /// A handle on the partitions owned now.
+    pub fn ownership(&self) -> Ownership {
+        Ownership(self.assignment.clone())
+    }
+
     /// Joins group `group_id` on `topic`; assigned partitions start where
     /// `start_offsets` says.
     pub fn new(

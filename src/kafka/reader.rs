@@ -22,7 +22,7 @@ pub struct TopicReader {
 
 /// A consumer that only reads assigned partitions (no group membership,
 /// no commits).
-fn reader_client(kafka: &BTreeMap<String, String>) -> Result<BaseConsumer, KafkaError> {
+pub(crate) fn reader_client(kafka: &BTreeMap<String, String>) -> Result<BaseConsumer, KafkaError> {
     reader_client_with(kafka, Isolation::ReadCommitted)
 }
 

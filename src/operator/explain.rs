@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::core::event::Decision;
 use crate::core::operation::LastVerdict;
@@ -11,7 +11,7 @@ use crate::core::{FollowUp, OperationState, Status, Supersession};
 use crate::store::{Store, StoreError, TimelineEntry};
 
 /// What the operation was supposed to do (from its `Requested`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Expected {
     /// Event time of the `Requested`: the confirmation window starts here.
     pub requested_at: i64,
@@ -32,7 +32,7 @@ pub struct Expected {
 }
 
 /// What the evidence so far shows.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Observed {
     /// Version last observed at the destination.
     pub version: Option<i64>,
@@ -50,7 +50,7 @@ pub struct Observed {
 }
 
 /// Counters of the operation.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Counts {
     /// Events applied to the state.
     pub events_applied: i64,
@@ -67,7 +67,7 @@ pub struct Counts {
 }
 
 /// One timeline entry with what the whole timeline says about it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TimelineRow {
     /// The entry as stored.
     #[serde(flatten)]
@@ -83,7 +83,7 @@ pub struct TimelineRow {
 }
 
 /// Everything `explain` shows.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Explanation {
     /// The operation explained.
     pub operation_id: String,

@@ -13,6 +13,7 @@ pub mod commands;
 pub mod digest;
 pub mod dlq;
 pub mod explain;
+pub mod fleet;
 pub mod progress;
 pub mod render;
 pub mod replay;

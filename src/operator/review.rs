@@ -9,7 +9,7 @@
 //! for their follow-up ([`Waiting::Machine`]), and come to the queue when
 //! it passes unanswered (SPEC §11). A person may decide them before.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::explain::allowed_decisions;
 use crate::core::event::Decision;
@@ -17,7 +17,7 @@ use crate::core::{Action, OperationState, Outcome, RepairAction, Status, Superse
 use crate::store::{Store, StoreError};
 
 /// Whose move a case waits for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Waiting {
     /// In MANUAL_REVIEW: the review queue.
@@ -54,7 +54,7 @@ pub struct ReviewFilter {
 }
 
 /// One case of the queue.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReviewItem {
     /// The operation waiting.
     pub operation_id: String,

@@ -313,6 +313,11 @@ impl Pipeline {
         })
     }
 
+    /// A handle on the partitions this instance owns now.
+    pub fn ownership(&self) -> crate::kafka::consumer::Ownership {
+        self.consumer.ownership()
+    }
+
     /// The metrics of this pipeline (for the HTTP server).
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()

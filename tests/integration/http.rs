@@ -6,11 +6,11 @@
 //! returns explain/review JSON, and the exception panel works in Chromium.
 
 use crate::common;
+use common::http::request;
 use common::wait_for;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -90,43 +90,6 @@ impl Served {
 impl Drop for Served {
     fn drop(&mut self) {
         self.halt();
-    }
-}
-
-/// One HTTP/1.1 request (Connection: close); returns status and body.
-fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if !body.is_empty() {
-        req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
-    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(rest) } else { rest.into() };
-    (code, body)
-}
-
-fn unchunk(mut s: &str) -> String {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = s.split_once("\r\n").expect("chunk size");
-        let n = usize::from_str_radix(size.trim(), 16).expect("hex chunk size");
-        if n == 0 {
-            return out;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
     }
 }
 
@@ -602,29 +565,11 @@ fn operator_api_explains_reviews_and_resolves_through_the_log() {
 #[test]
 fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
     let _serial = common::serial();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
-    assert!(
-        dir.join("node_modules/playwright-core").exists(),
-        "tests/browser/node_modules is missing: run scripts/setup.sh --tests (npm ci)"
-    );
     let (cfg, served, x, _) = served_workload("http-browser");
     let op = "rejected-0";
     assert_eq!(x.engine.ops[op].status, Status::ManualReview);
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("panel-browser");
-    let url = format!("http://{}/", served.addr());
-    let out = std::process::Command::new("node")
-        .arg(dir.join("panel.mjs"))
-        .args([url.as_str(), op, "CLOSE", TOKEN])
-        .arg(&shots)
-        .output()
-        .expect("node runs (scripts/setup.sh --tests installs it)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the browser could not resolve {op}: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let result = json(stdout.lines().last().unwrap());
+    let result = common::http::drive_panel(&format!("http://{}/", served.addr()), op, "CLOSE", TOKEN, "panel-browser");
     assert!(result["row_text"].as_str().unwrap().contains("MISSING"), "{result}");
     assert!(result["timeline_rows"].as_u64().unwrap() >= 2, "{result}");
     assert!(result["wrong_token"].as_str().unwrap().contains("401"), "{result}");

@@ -16,6 +16,7 @@ mod broker_gaps;
 mod changelog;
 mod deploy;
 mod exactly_once;
+mod fleet;
 mod http;
 mod interop;
 mod loadgen;

@@ -1,11 +1,14 @@
 // The exception panel: the review queue from /api/review, an operation's
 // evidence and timeline from /api/operations/{id}, and decisions POSTed to
 // /api/operations/{id}/resolve with the bearer token kept in sessionStorage.
+// When the instance is in a fleet (/api/fleet answers), every request asks
+// for scope=fleet: the queue of every member, each operation from (and each
+// decision to) the member that owns it.
 // Everything the server sends is inserted as text, never as HTML.
 "use strict";
 
 const OUTCOMES = ["MISSING", "DIVERGENT", "AMBIGUOUS", "DUPLICATE_EFFECT", "NOT_APPLICABLE", "CORRECT"];
-const state = { queue: [], sortDesc: true, selected: null, lastLoad: null, verdictOf: {} };
+const state = { queue: [], sortDesc: true, selected: null, lastLoad: null, verdictOf: {}, fleet: null, members: [] };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -85,6 +88,34 @@ async function loadReady() {
   }
 }
 
+// ---- the fleet -------------------------------------------------------------
+
+/** Whether this instance is in a fleet: then every request asks for the fleet. */
+async function loadFleet() {
+  try {
+    const f = await getJson("/api/fleet");
+    state.fleet = f && f.me ? f : null;
+  } catch (_) {
+    state.fleet = null;
+  }
+  const b = $("fleet");
+  if (b) {
+    const live = state.fleet ? state.fleet.members.filter((m) => m.live).length : 0;
+    b.hidden = !state.fleet;
+    b.textContent = state.fleet ? `fleet: ${live} live member${live === 1 ? "" : "s"}` : "";
+  }
+}
+
+/** `url` asking for the whole fleet when this instance is in one. */
+function scoped(url) {
+  return state.fleet ? `${url}${url.includes("?") ? "&" : "?"}scope=fleet` : url;
+}
+
+/** "host:port" of a member's URL. */
+function host(url) {
+  try { return new URL(url).host; } catch (_) { return url; }
+}
+
 // ---- the queue -------------------------------------------------------------
 
 /** "person" (the review queue) or "machine" (cases waiting for a PROBE or REQUEUE to be answered). */
@@ -94,9 +125,14 @@ function waiting() {
 
 async function loadQueue() {
   try {
-    state.queue = await getJson(`/api/review?waiting=${encodeURIComponent(waiting())}`);
+    const body = await getJson(scoped(`/api/review?waiting=${encodeURIComponent(waiting())}`));
+    state.queue = Array.isArray(body) ? body : body.cases;
+    state.members = Array.isArray(body) ? [] : body.members;
     state.lastLoad = Date.now();
-    showError("queue-error", null);
+    const unreachable = state.members.filter((m) => m.error);
+    showError("queue-error", unreachable.length
+      ? `Not every member answered: ${unreachable.map((m) => `${host(m.url)} (${m.error})`).join("; ")}. Their cases are missing below.`
+      : null);
   } catch (e) {
     showError("queue-error", `Could not load the review queue: ${e.message}`);
   }
@@ -140,7 +176,8 @@ function renderQueue() {
       onkeydown: (ev) => { if (ev.key === "Enter") openOperation(c.operation_id); },
     },
     el("td", { class: "age", title: `waiting since ${when(c.since)}` }, humanAge(c.age_ms)),
-    el("td", {}, el("code", {}, c.operation_id)),
+    el("td", {}, el("code", {}, c.operation_id),
+      c.instance ? el("div", { class: "muted instance", title: `owned by ${c.instance}` }, host(c.instance)) : null),
     el("td", {}, el("code", {}, c.entity_id)),
     el("td", {}, c.operation_type),
     el("td", {}, badge(c.outcome, `outcome-${c.outcome}`)),
@@ -171,13 +208,13 @@ async function openOperation(id) {
   $("d-id").textContent = id;
   $("resolve-result").replaceChildren();
   try {
-    const op = await getJson(`/api/operations/${encodeURIComponent(id)}`);
+    const op = await getJson(scoped(`/api/operations/${encodeURIComponent(id)}`));
     showError("detail-error", null);
     $("detail-body").hidden = false;
     renderOperation(op);
   } catch (e) {
     $("detail-body").hidden = true;
-    showError("detail-error", e.status === 404 ? `Operation ${id} is not in the state store (never seen here, or removed after retention).` : `Could not load operation ${id}: ${e.message}`);
+    showError("detail-error", e.status === 404 ? `Operation ${id} is not in the state of ${state.fleet ? "any live member of the fleet" : "the partitions this instance owns"} (never seen, moved, or removed after retention).` : `Could not load operation ${id}: ${e.message}`);
   }
   $("detail").scrollIntoView({ behavior: "smooth", block: "start" });
 }
@@ -291,7 +328,7 @@ async function submitResolve(ev) {
   $("r-submit").disabled = true;
   result.replaceChildren(el("div", { class: "muted" }, "Publishing…"));
   try {
-    const r = await getJson(`/api/operations/${encodeURIComponent(id)}/resolve`, {
+    const r = await getJson(scoped(`/api/operations/${encodeURIComponent(id)}/resolve`), {
       method: "POST",
       headers: { "Content-Type": "application/json", "Authorization": `Bearer ${token}` },
       body: JSON.stringify(payload),
@@ -322,7 +359,7 @@ async function waitForChange(id, before) {
   for (let i = 0; i < 30; i++) {
     await new Promise((r) => setTimeout(r, 500));
     try {
-      const op = await getJson(`/api/operations/${encodeURIComponent(id)}`);
+      const op = await getJson(scoped(`/api/operations/${encodeURIComponent(id)}`));
       const now = op.last_verdict ? op.last_verdict.verdict_id : null;
       if (now !== before) return op;
     } catch (_) { /* keep trying */ }
@@ -332,12 +369,13 @@ async function waitForChange(id, before) {
 
 // ---- wiring ----------------------------------------------------------------
 
-function refresh() {
+async function refresh() {
   loadReady();
-  loadQueue();
+  await loadFleet();
+  await loadQueue();
 }
 
-document.addEventListener("DOMContentLoaded", () => {
+document.addEventListener("DOMContentLoaded", async () => {
   $("r-token").value = sessionStorage.getItem("reconciler.token") || "";
   $("r-actor").value = localStorage.getItem("reconciler.actor") || "";
   for (const id of ["filter-type", "filter-outcome", "filter-age"]) $(id).addEventListener("change", renderQueue);
@@ -351,7 +389,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("close-detail").addEventListener("click", () => { $("detail").hidden = true; state.selected = null; renderQueue(); });
   $("resolve").addEventListener("submit", submitResolve);
   const params = new URLSearchParams(location.search);
-  refresh();
+  await refresh();
   setInterval(refresh, 15000);
   if (params.get("op")) openOperation(params.get("op"));
 });

@@ -17,7 +17,7 @@ use reconciler::config::Config;
 pub fn write_config(cfg: &Config, dir: &Path) -> PathBuf {
     let t = &cfg.topics;
     let mut toml = format!(
-        "state_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\npartitions = {}\n\
+        "state_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\nfleet = {:?}\npartitions = {}\n\
          [consumer]\ngroup_id = {:?}\nbatch_size = {}\nbatch_wait_ms = {}\nmax_record_bytes = {}\n\
          [time]\nreorder_window_ms = {}\ntimer_interval_ms = {}\n[kafka]\n",
         cfg.state_dir,
@@ -27,6 +27,7 @@ pub fn write_config(cfg: &Config, dir: &Path) -> PathBuf {
         t.dlq,
         t.commands,
         t.changelog,
+        t.fleet,
         t.partitions,
         cfg.consumer.group_id,
         cfg.consumer.batch_size,

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod child;
+pub mod http;
 pub mod postgres;
 pub mod run;
 

@@ -1,0 +1,70 @@
+//! A minimal HTTP/1.1 client for the tests of the HTTP server (raw
+//! requests, so that what the server answers is seen byte for byte).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// One HTTP/1.1 request (Connection: close); returns status and body.
+pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(rest) } else { rest.into() };
+    (code, body)
+}
+
+fn unchunk(mut s: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s.split_once("\r\n").expect("chunk size");
+        let n = usize::from_str_radix(size.trim(), 16).expect("hex chunk size");
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+}
+
+/// Drives the exception panel at `url` in headless Chromium
+/// (tests/browser/panel.mjs): finds `operation_id` in the queue, resolves
+/// it with `decision` (a wrong token first), screenshots into
+/// `CARGO_TARGET_TMPDIR/{shots}`. Returns the script's JSON result.
+pub fn drive_panel(url: &str, operation_id: &str, decision: &str, token: &str, shots: &str) -> serde_json::Value {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    assert!(
+        dir.join("node_modules/playwright-core").exists(),
+        "tests/browser/node_modules is missing: run scripts/setup.sh --tests (npm ci)"
+    );
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(shots);
+    let out = std::process::Command::new("node")
+        .arg(dir.join("panel.mjs"))
+        .args([url, operation_id, decision, token])
+        .arg(&shots)
+        .output()
+        .expect("node runs (scripts/setup.sh --tests installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser could not resolve {operation_id} at {url}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("the panel script printed no JSON ({e}): {stdout}"))
+}
