@@ -178,6 +178,13 @@ pub struct Consumer {
     /// (stable on a machine with a fixed name; set it on platforms that
     /// rename instances, e.g. to a StatefulSet pod name).
     pub transactional_id: Option<String>,
+    /// Standby replicas: how many other members of the fleet tail the
+    /// changelog of each partition into their own store, so that when the
+    /// partition moves to one of them it goes on at once instead of being
+    /// restored. The standbys of a partition are the members after its
+    /// owner in the order of their advertised URLs. Needs `[topics]
+    /// changelog` and `[topics] fleet`. 0: none.
+    pub standby_replicas: usize,
 }
 
 impl Consumer {
@@ -203,6 +210,7 @@ impl Default for Consumer {
             apply_threads: 0,
             give_up_after_ms: 60_000,
             transactional_id: None,
+            standby_replicas: 0,
         }
     }
 }
@@ -494,6 +502,12 @@ impl Config {
         }
         if t.fleet().is_some() && (t.all().contains(&t.fleet.as_str()) || t.fleet == t.changelog) {
             return Err(invalid("topics.fleet", format!("{:?} is also another topic of the reconciler", t.fleet)));
+        }
+        if self.consumer.standby_replicas > 0 && (t.changelog().is_none() || t.fleet().is_none()) {
+            return Err(invalid(
+                "consumer.standby_replicas",
+                "standby replicas tail the changelog of partitions the fleet says others own: they need topics.changelog and topics.fleet",
+            ));
         }
         if let Some(url) = &self.http.advertised_url {
             let ok = ["http://", "https://"].iter().any(|s| url.strip_prefix(s).is_some_and(|rest| !rest.is_empty()));

@@ -20,6 +20,7 @@
 
 pub mod announce;
 pub mod client;
+pub mod standby;
 pub mod watch;
 
 use std::collections::BTreeMap;

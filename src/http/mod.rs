@@ -32,7 +32,7 @@ use crate::kafka::consumer::Ownership;
 use crate::kafka::producer::Publisher;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
-use crate::store::Store;
+use crate::store::{Claims, Store};
 
 /// The server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +75,9 @@ pub struct AppState {
     pub fleet: Arc<OnceLock<FleetView>>,
     /// The client that asks the other members.
     pub client: reqwest::Client,
+    /// The partitions the pipeline writes (standby replicas write only the
+    /// others).
+    pub claims: Claims,
 }
 
 /// What the server knows of the fleet.
@@ -96,6 +99,7 @@ impl AppState {
             clock,
             decisions: Arc::new(Mutex::new(None)),
             owned: Some(pipeline.ownership()),
+            claims: pipeline.claims(),
             fleet: Arc::new(OnceLock::new()),
             client: reqwest::Client::builder()
                 .timeout(std::time::Duration::from_secs(10))
@@ -133,10 +137,23 @@ impl Fleet {
         let owned = state.owned.clone();
         let owned: crate::fleet::announce::Owned =
             Box::new(move || owned.as_ref().map(Ownership::owned).unwrap_or_default());
-        let handles = vec![
+        let mut handles = vec![
             crate::fleet::watch::spawn(&cfg.kafka, topic, roster.clone(), shutdown.clone())?,
-            crate::fleet::announce::spawn(&cfg.kafka, topic, url.clone(), owned, shutdown)?,
+            crate::fleet::announce::spawn(&cfg.kafka, topic, url.clone(), owned, shutdown.clone())?,
         ];
+        if let (n @ 1.., Some(changelog)) = (cfg.consumer.standby_replicas, cfg.topics.changelog()) {
+            let partitions =
+                crate::kafka::watermarks::Watermarks::new(&cfg.kafka)?.partition_count(&cfg.topics.events)?;
+            let standby = crate::fleet::standby::Config {
+                kafka: cfg.kafka.clone(),
+                topic: changelog.to_owned(),
+                partitions: partitions as i32,
+                replicas: n,
+                me: url.clone(),
+            };
+            let (store, claims, metrics) = (state.store.clone(), state.claims.clone(), state.metrics.clone());
+            handles.push(crate::fleet::standby::spawn(standby, store, claims, roster.clone(), metrics, shutdown)?);
+        }
         let _ = state.fleet.set(FleetView { me: url, roster });
         Ok(Fleet { handles })
     }

@@ -17,16 +17,20 @@ pub enum RestoreSource {
     Input,
     /// The local store was current: nothing to restore.
     Local,
+    /// A standby replica here had the state: caught up from where it was.
+    Standby,
 }
 
 impl RestoreSource {
-    const ALL: [RestoreSource; 3] = [RestoreSource::Changelog, RestoreSource::Input, RestoreSource::Local];
+    const ALL: [RestoreSource; 4] =
+        [RestoreSource::Changelog, RestoreSource::Input, RestoreSource::Local, RestoreSource::Standby];
 
     fn label(self) -> &'static str {
         match self {
             RestoreSource::Changelog => "changelog",
             RestoreSource::Input => "input",
             RestoreSource::Local => "local",
+            RestoreSource::Standby => "standby",
         }
     }
 }
@@ -41,6 +45,9 @@ pub struct RestoreMetrics {
     published: IntCounter,
     pending: IntGauge,
     set_back: IntCounter,
+    standby_partitions: IntGauge,
+    standby_lag: IntGaugeVec,
+    standby_records: IntCounter,
 }
 
 impl RestoreMetrics {
@@ -50,7 +57,7 @@ impl RestoreMetrics {
             restores: counter(
                 r,
                 "reconciler_partition_restores_total",
-                "Partitions assigned, by where their state came from: changelog, input (replayed without publishing) or local (already current).",
+                "Partitions assigned, by where their state came from: changelog, input (replayed without publishing), local (already current) or standby (a standby replica here, caught up from where it was).",
                 &["source"],
             ),
             records: int_counter(
@@ -91,6 +98,22 @@ impl RestoreMetrics {
                 "reconciler_changelog_set_back_records_total",
                 "Changelog records published by restores to set back a batch whose changelog its owner cut short (a crash while publishing it).",
             ),
+            standby_partitions: int_gauge(
+                r,
+                "reconciler_standby_partitions",
+                "Partitions this instance keeps a standby replica of (tails their changelog; [consumer] standby_replicas).",
+            ),
+            standby_lag: int_gauge_vec(
+                r,
+                "reconciler_standby_lag_records",
+                "Changelog records of a standby partition not yet applied to this instance's store.",
+                &["partition"],
+            ),
+            standby_records: int_counter(
+                r,
+                "reconciler_standby_records_total",
+                "Changelog records applied by standby replicas.",
+            ),
         };
         for s in RestoreSource::ALL {
             m.restores.with_label_values(&[s.label()]);
@@ -130,6 +153,25 @@ impl RestoreMetrics {
         self.remaining.with_label_values(&[&label]).set(0);
         self.duration.with_label_values(&[&label]).set(seconds);
         self.records.inc_by(records);
+    }
+
+    /// The standby partitions are `partitions` now (series of the others
+    /// removed).
+    pub fn standby(&self, partitions: &std::collections::BTreeSet<i32>, dropped: &std::collections::BTreeSet<i32>) {
+        self.standby_partitions.set(partitions.len() as i64);
+        for p in dropped {
+            let _ = self.standby_lag.remove_label_values(&[&p.to_string()]);
+        }
+    }
+
+    /// Standby partition `partition` is `lag` records behind its changelog.
+    pub fn standby_lag(&self, partition: i32, lag: i64) {
+        self.standby_lag.with_label_values(&[&partition.to_string()]).set(lag);
+    }
+
+    /// A standby replica applied `n` changelog records.
+    pub fn standby_applied(&self, n: usize) {
+        self.standby_records.inc_by(n as u64);
     }
 
     /// A restore set back a batch cut short with `n` changelog records.

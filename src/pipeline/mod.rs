@@ -43,7 +43,7 @@ use crate::kafka::watermarks::Watermarks;
 use crate::kafka::{admin, KafkaError};
 use crate::metrics::{Metrics, Readiness};
 use crate::records::{OutboxRecord, Record, DLQ_HEADER_ROOM};
-use crate::store::{changelog, Store, StoreError};
+use crate::store::{changelog, Claims, Store, StoreError};
 
 /// The partition of a changelog record (from its key).
 fn changelog_partition(r: &OutboxRecord) -> Option<i32> {
@@ -158,6 +158,8 @@ pub struct Pipeline {
     policy: Policy,
     codec: Codec,
     store: Arc<Store>,
+    /// The partitions this pipeline writes (see [`Claims`]).
+    claims: Claims,
     consumer: GroupConsumer,
     /// The producer of every output (transactional under `exactly_once`).
     publisher: Arc<Publisher>,
@@ -280,6 +282,7 @@ impl Pipeline {
         // beside the state, written in the same batch), after a restore
         // from the changelog when the local state is missing or behind the
         // group's committed offset (see [`restore`]).
+        let claims = Claims::default();
         let changelog = restore::Changelog {
             kafka: cfg.kafka.clone(),
             topic: t.changelog().map(str::to_owned),
@@ -289,6 +292,7 @@ impl Pipeline {
             metrics: metrics.clone(),
             stall: Duration::from_millis(cfg.consumer.give_up_after_ms),
             undo: txn.is_none().then(|| publisher.clone()),
+            claims: claims.clone(),
         };
         let start = Box::new(move |p, committed| changelog.start_offset(p, committed).map_err(|e| e.to_string()));
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
@@ -299,6 +303,7 @@ impl Pipeline {
             cfg,
             codec: Codec::new(),
             store,
+            claims,
             consumer,
             publisher,
             txn,
@@ -311,6 +316,12 @@ impl Pipeline {
             stats: Stats::default(),
             in_flight: Arc::new(Mutex::new(None)),
         })
+    }
+
+    /// The partitions the pipeline writes (a standby replica writes only
+    /// the others).
+    pub fn claims(&self) -> Claims {
+        self.claims.clone()
     }
 
     /// A handle on the partitions this instance owns now.
@@ -381,6 +392,7 @@ impl Pipeline {
             let mut a = self.consumer.assignment.lock().expect("not poisoned");
             (std::mem::take(&mut a.assigned), a.owned.keys().copied().collect::<Vec<_>>())
         };
+        self.claims.keep_only(&owned);
         self.restore_until.retain(|p, _| owned.contains(p));
         self.timers.retain(&owned);
         for (p, facts) in assigned {

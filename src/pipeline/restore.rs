@@ -97,7 +97,7 @@ use crate::kafka::reader::{stream_partition, StreamError};
 use crate::kafka::watermarks::Watermarks;
 use crate::kafka::KafkaError;
 use crate::metrics::{Metrics, RestoreSource};
-use crate::store::{Restored, Store, StoreError, Tail};
+use crate::store::{Claims, Restored, Store, StoreError, Tail};
 
 /// Restores partitions from the state changelog on assignment.
 pub struct Changelog {
@@ -121,6 +121,10 @@ pub struct Changelog {
     /// Publishes the undo of a batch cut short (`None` under
     /// `exactly_once`, where none can be).
     pub undo: Option<Arc<Publisher>>,
+    /// The partitions the pipeline writes: an assigned partition is
+    /// claimed before its offset is read, so that a standby replica of it
+    /// here stops writing first.
+    pub claims: Claims,
 }
 
 impl Changelog {
@@ -133,7 +137,24 @@ impl Changelog {
     /// the partition is then left empty, so that no state is ever built on
     /// top of a changelog that still ends with a partial batch.
     pub fn start_offset(&self, partition: i32, committed: Option<i64>) -> Result<Option<i64>, RestoreError> {
+        let standby_at = self.claims.claim(partition);
         self.metrics.restore.assigned(partition);
+        if let (Some(from), Some(topic)) = (standby_at, &self.topic) {
+            match self.catch_up(topic, partition, from) {
+                Ok(next) => {
+                    self.metrics.restore.restored(RestoreSource::Standby);
+                    return Ok(next);
+                }
+                Err(Failure::Read(e)) => {
+                    warn!(partition, error = %e, "Catching up the standby state failed; restoring the partition instead");
+                    self.store.forget_partition(partition)?;
+                }
+                Err(Failure::Undo(e)) => {
+                    self.store.forget_partition(partition)?;
+                    return Err(RestoreError::Undo { partition, source: e });
+                }
+            }
+        }
         let local = self.store.next_offset(partition)?;
         let behind = local.is_none() || committed.is_some_and(|c| Some(c) > local);
         let worth_asking = !(self.created && committed.is_none());
@@ -230,6 +251,51 @@ impl Changelog {
             None => warn!(partition, "A batch cut short in a transactional changelog: left out, not set back"),
         }
         Ok(again)
+    }
+
+    /// Applies `partition`'s changelog from position `from` (where the
+    /// standby replica here had written up to) to its end, a batch at a
+    /// time; a batch cut short at the end is set back as in a restore.
+    /// The next offset the state includes.
+    fn catch_up(&self, topic: &str, partition: i32, from: i64) -> Result<Option<i64>, Failure> {
+        let visit = |e: StoreError| Failure::Read(StreamError::Visit(e));
+        let (low, high) =
+            self.watermarks.range(topic, partition, Duration::from_secs(10)).map_err(|e| Failure::Read(e.into()))?;
+        if from < low {
+            let gone = format!("changelog {topic}/{partition} starts at {low}, past the standby's position {from}");
+            return Err(Failure::Read(StreamError::Kafka(KafkaError::Timeout(gone))));
+        }
+        let started = Instant::now();
+        let mut held: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let mut read = 0u64;
+        if high > from {
+            stream_partition(&self.kafka, topic, partition, (from, high), self.stall, |key, value, _| {
+                read += 1;
+                let key = key.unwrap_or_default();
+                let boundary = crate::store::changelog::is_offsets_key(key);
+                held.push((key.to_vec(), value.map(<[u8]>::to_vec)));
+                if boundary {
+                    self.store.apply_changelog(partition, &held)?;
+                    held.clear();
+                }
+                Ok::<(), StoreError>(())
+            })
+            .map_err(Failure::Read)?;
+        }
+        if !held.is_empty() {
+            warn!(partition, writes = held.len(), "The changelog ends with a batch cut short: setting it back");
+            let tail = Tail::of_records(&held);
+            let next = self.store.next_offset(partition).map_err(visit)?;
+            let undo = self.store.undo(partition, &tail, next, topic).map_err(visit)?;
+            if let Some(publisher) = &self.undo {
+                publisher.publish_all(undo.iter().map(|r| (r, Some(partition)))).map_err(Failure::Undo)?;
+                self.metrics.restore.set_back(undo.len());
+            }
+        }
+        let next = self.store.next_offset(partition).map_err(visit)?;
+        self.metrics.restore.restore_finished(partition, started.elapsed().as_secs_f64(), read);
+        info!(partition, records = read, from, next_offset = ?next, "Partition taken over from its standby replica here");
+        Ok(next)
     }
 
     /// Streams `range` of the changelog partition into the store.

@@ -46,7 +46,8 @@ fn tag(family: Family) -> u8 {
     }
 }
 
-fn family_of(tag: u8) -> Option<Family> {
+/// The family of a changelog key's family byte.
+pub(crate) fn family_of(tag: u8) -> Option<Family> {
     Some(match tag {
         b'l' => Family::Timeline,
         b'o' => Family::Ops,
@@ -109,7 +110,12 @@ pub(crate) fn records(part: &Part, topic: &str) -> Vec<OutboxRecord> {
 /// Whether `record` is an offsets record (the last of its batch in its
 /// partition).
 pub fn is_offsets(record: &OutboxRecord) -> bool {
-    record.key.as_deref().and_then(|k| k.get(1)) == Some(&tag(Family::Offsets))
+    record.key.as_deref().is_some_and(is_offsets_key)
+}
+
+/// Whether `key` is the key of an offsets record.
+pub fn is_offsets_key(key: &[u8]) -> bool {
+    key.get(1) == Some(&tag(Family::Offsets))
 }
 
 /// The input partition of a changelog record (its changelog partition

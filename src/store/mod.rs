@@ -9,12 +9,14 @@
 //! keeps all of it (its outputs are re-published from the outbox).
 
 pub mod changelog;
+mod claims;
 mod encoded;
 mod keys;
 mod restoring;
 mod rocks;
 pub mod timeline;
 
+pub use claims::Claims;
 pub use encoded::{Encoded, OpSummary};
 pub use restoring::{Restored, Restoring, Tail};
 pub use rocks::{Store, StoreError, StoreSize};

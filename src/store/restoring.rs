@@ -72,6 +72,19 @@ pub struct Tail {
 }
 
 impl Tail {
+    /// The tail of changelog `records` read after the last offsets record
+    /// (a standby's catch-up).
+    pub fn of_records(records: &[(Vec<u8>, Option<Vec<u8>>)]) -> Tail {
+        let keys = records
+            .iter()
+            .filter_map(|(k, _)| {
+                let (&tag, store_key) = k.get(1..)?.split_first()?;
+                Some((super::changelog::family_of(tag)?, store_key.to_vec()))
+            })
+            .collect();
+        Tail { complete_to: None, keys }
+    }
+
     /// Writes in the tail.
     pub fn len(&self) -> usize {
         self.keys.len()
@@ -161,6 +174,51 @@ impl<'a> Restoring<'a> {
 }
 
 impl Store {
+    /// A standby replica's write (see [`crate::fleet::standby`]): the
+    /// changelog `records` of `partition` in one atomic write. When the
+    /// last one is an offsets record (a batch boundary), the partition's
+    /// offset moves to it; otherwise the offset is deleted, so that a
+    /// state holding part of a batch never has an offset that claims
+    /// otherwise (the pipeline then restores the partition). Returns the
+    /// offset written, if any.
+    pub fn apply_changelog(
+        &self,
+        partition: i32,
+        records: &[(Vec<u8>, Option<Vec<u8>>)],
+    ) -> Result<Option<i64>, StoreError> {
+        let mut wb = WriteBatch::default();
+        let mut offset = None;
+        for (key, value) in records {
+            offset = None;
+            match change(partition, key, value.as_deref()) {
+                Ok(Change::Offset(next)) => offset = Some(next),
+                Ok(Change::Write { family, key, value }) => {
+                    let cf = self.cf(family.name());
+                    match value {
+                        Some(v) => wb.put_cf(cf, key, v),
+                        None => wb.delete_cf(cf, key),
+                    }
+                }
+                Err(Unreadable::Format(found)) => {
+                    return Err(StoreError::ChangelogFormat { found: found.into(), expected: FORMAT })
+                }
+                Err(Unreadable::Malformed) => {
+                    return Err(StoreError::Corrupt {
+                        what: "changelog record",
+                        reason: format!("key {key:02x?} is not a changelog key of partition {partition}"),
+                    })
+                }
+            }
+        }
+        let offsets = self.cf(OFFSETS);
+        match offset {
+            Some(next) => wb.put_cf(offsets, keys::partition_prefix(partition), keys::offset(next)),
+            None => wb.delete_cf(offsets, keys::partition_prefix(partition)),
+        }
+        self.write(wb)?;
+        Ok(offset)
+    }
+
     /// The changelog records that set `tail`'s keys back to what the store
     /// holds of them now (restored up to [`Tail::complete_to`]), followed
     /// by the offsets record of `next` when there is one, for `topic`.

@@ -32,6 +32,7 @@ const TOKEN: &str = "fleet-token-81c3";
 /// One instance: pipeline, HTTP server and its part in the fleet.
 struct Instance {
     url: String,
+    metrics: Arc<reconciler::metrics::Metrics>,
     addr: SocketAddr,
     ownership: Ownership,
     shutdown: Arc<AtomicBool>,
@@ -51,10 +52,12 @@ impl Instance {
         let shutdown = Arc::new(AtomicBool::new(false));
         let fleet = Fleet::start(&state, url.clone(), shutdown.clone()).expect("joins the fleet");
         let ownership = p.ownership();
+        let metrics = p.metrics();
         let flag = shutdown.clone();
         let pipeline = std::thread::spawn(move || p.run(&flag).expect("pipeline runs"));
         Instance {
             url,
+            metrics,
             addr: server.addr(),
             ownership,
             shutdown,
@@ -71,6 +74,20 @@ impl Instance {
 
     fn owned(&self) -> BTreeSet<i32> {
         self.ownership.owned()
+    }
+
+    /// The value of metric `name` with `label` (name, value) if given.
+    fn metric(&self, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+        let want = label.map(|(k, v)| format!("{k}=\"{v}\""));
+        self.metrics.render().lines().find_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, labels) = series.split_once('{').map_or((series, ""), |(n, rest)| (n, rest));
+            (n == name && want.as_ref().is_none_or(|w| labels.contains(w.as_str()))).then(|| value.parse().ok())?
+        })
+    }
+
+    fn restores(&self, source: &str) -> f64 {
+        self.metric("reconciler_partition_restores_total", Some(("source", source))).unwrap_or(0.0)
     }
 }
 
@@ -247,4 +264,90 @@ fn any_instance_answers_for_the_fleet_and_resolves_through_the_owner_also_in_chr
     let text = cli(&["explain", "--fleet", mine]);
     let owner = if lb.contains(mine) { &b.url } else { &a.url };
     assert!(text.starts_with(&format!("Owned by {owner}")) && text.contains(mine.as_str()), "{text}");
+}
+
+/// With `[consumer] standby_replicas = 1`, each of two instances tails the
+/// changelog of the other's partitions. When A stops, B takes A's
+/// partitions over from its standby state: caught up from where the
+/// standby was (`reconciler_partition_restores_total{source="standby"}`),
+/// not restored from the changelog's beginning nor replayed. The whole
+/// run then equals the reference byte for byte, with B's final state the
+/// reference state.
+#[test]
+fn a_standby_replica_takes_a_moved_partition_over_without_restoring_it() {
+    let _serial = common::serial();
+    let mut cfg = common::config("standby");
+    cfg.consumer.standby_replicas = 1;
+    cfg.time.reorder_window_ms = 2_000;
+    let t = &cfg.topics;
+    reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, 1).unwrap();
+    let records = demo::workload((system_clock())(), 8);
+    let part = |i: usize, n: usize| &records[records.len() * i / n..records.len() * (i + 1) / n];
+    let caught_up = || {
+        let end = common::check::end_offsets(&cfg, &cfg.topics.events);
+        let c = common::check::committed(&cfg);
+        end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
+    };
+    let (dir_a, dir_b) = (common::temp_dir("standby-a"), common::temp_dir("standby-b"));
+    let a = Instance::start(&cfg, dir_a.clone());
+    demo::publish(&cfg, part(0, 3)).unwrap();
+    assert!(wait_for(Duration::from_secs(60), || a.owned().len() == 3 && caught_up()), "A did not catch up");
+    let b = Instance::start(&cfg, dir_b.clone());
+    assert!(
+        wait_for(Duration::from_secs(90), || !a.owned().is_empty()
+            && !b.owned().is_empty()
+            && a.owned().len() + b.owned().len() == 3),
+        "A and B never shared the partitions"
+    );
+    demo::publish(&cfg, part(1, 3)).unwrap();
+    // B's standby of A's partitions has caught up with their changelog.
+    let theirs = a.owned();
+    let standby_current = || {
+        b.metric("reconciler_standby_partitions", None) == Some(theirs.len() as f64)
+            && theirs
+                .iter()
+                .all(|p| b.metric("reconciler_standby_lag_records", Some(("partition", &p.to_string()))) == Some(0.0))
+            && caught_up()
+    };
+    assert!(wait_for(Duration::from_secs(60), standby_current), "B's standby never caught up:\n{}", b.metrics.render());
+    let applied = b.metric("reconciler_standby_records_total", None).unwrap();
+    assert!(applied > 0.0, "B's standby applied nothing");
+    let before = |source: &str| b.restores(source);
+    let (changelog_before, input_before, standby_before) = (before("changelog"), before("input"), before("standby"));
+
+    // A leaves; B takes its partitions over from the standby state.
+    drop(a);
+    assert!(wait_for(Duration::from_secs(60), || b.owned().len() == 3), "B did not take A's partitions over");
+    demo::publish(&cfg, part(2, 3)).unwrap();
+    assert!(wait_for(Duration::from_secs(90), caught_up), "B did not catch up after the takeover");
+    assert_eq!(
+        b.restores("standby") - standby_before,
+        theirs.len() as f64,
+        "A's partitions taken over from the standby state"
+    );
+    assert_eq!(b.restores("changelog"), changelog_before, "a partition was restored from the changelog");
+    assert_eq!(b.restores("input"), input_before, "a partition replayed the input");
+    // Every timer of the workload fires within seconds: wait for them too.
+    let verdicts = |cfg: &Config| common::check::read_all(cfg, &[&cfg.topics.verdicts]).len();
+    let mut last = (verdicts(&cfg), std::time::Instant::now());
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let n = verdicts(&cfg);
+            if n != last.0 {
+                last = (n, std::time::Instant::now());
+            }
+            last.1.elapsed() > Duration::from_secs(5) && caught_up()
+        }),
+        "the verdicts never settled"
+    );
+    drop(b);
+    let input = common::check::read_all(&cfg, &[&cfg.topics.events]);
+    let outputs = common::check::read_all(&cfg, &common::check::output_topics(&cfg));
+    let mut f = common::check::check(&cfg, &input, &outputs, &[&dir_a, &dir_b]);
+    f.iterations = 1;
+    f.print(&format!(
+        "standby takeover ({} partitions from the standby state, {applied} standby records)",
+        theirs.len()
+    ));
+    assert_eq!((f.losses, f.divergent), (0, 0));
 }
