@@ -92,13 +92,19 @@ impl ConsumerContext for GroupContext {
                 // Start offsets first, without the lock: finding one may
                 // restore a partition's state (minutes for a large one),
                 // and the state gauges and health checks read the
-                // assignment meanwhile.
-                let starts: Result<Vec<(i32, Option<i64>)>, String> = partitions
-                    .into_iter()
-                    .map(|p| match (self.start_offsets)(p, committed.get(&p).copied()) {
-                        Ok(n) => Ok((p, n)),
-                        Err(e) => Err(format!("the start offset of partition {p}: {e}")),
+                // assignment meanwhile. Several partitions at once (as many
+                // as rayon's pool runs): restores are independent, each
+                // reads its own changelog partition into its own key range.
+                let jobs: Vec<_> = partitions
+                    .iter()
+                    .map(|&p| {
+                        let c = committed.get(&p).copied();
+                        move || (p, (self.start_offsets)(p, c))
                     })
+                    .collect();
+                let starts: Result<Vec<(i32, Option<i64>)>, String> = crate::parallel::run_all(jobs)
+                    .into_iter()
+                    .map(|(p, found)| found.map(|n| (p, n)).map_err(|e| format!("the start offset of partition {p}: {e}")))
                     .collect();
                 let mut a = self.assignment.lock().expect("not poisoned");
                 a.received = true;
