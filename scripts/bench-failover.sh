@@ -75,7 +75,7 @@ EOF
     && [ "$(lag 19593)" = 0 ] && [ "$(lag 19594)" = 0 ] && ! all_ready 19594; do sleep 0.2; done # polling interval
   if [ "$way" = standby ]; then
     # S's standby of A's partitions has caught up with their changelog.
-    until [ "$(curl -fs http://127.0.0.1:19594/metrics | awk '/^reconciler_standby_lag_records\{/ { s += $2; n++ } END { print (n ? s : -1) }')" = 0 ]; do sleep 0.2; done # polling interval
+    until [ "$(metric 19594 reconciler_standby_partitions)" -gt 0 ] && [ "$(metric 19594 reconciler_standby_lag_records)" = 0 ]; do sleep 0.2; done # polling interval
   fi
   t0=$(date +%s.%N)
   kill -TERM $a

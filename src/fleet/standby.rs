@@ -147,8 +147,7 @@ impl Tailer {
             .collect();
         let have: BTreeSet<i32> = self.tailed.keys().copied().collect();
         if want != have {
-            let dropped: BTreeSet<i32> = have.difference(&want).copied().collect();
-            for p in &dropped {
+            for p in have.difference(&want) {
                 self.tailed.remove(p);
             }
             for p in want.difference(&have) {
@@ -171,13 +170,15 @@ impl Tailer {
             }
             let now: BTreeSet<i32> = self.tailed.keys().copied().collect();
             info!(partitions = ?now, "Standby partitions");
-            self.metrics.restore.standby(&now, &dropped);
+            self.metrics.restore.standby(now.len());
         }
+        let mut lag = 0;
         for (p, t) in &self.tailed {
             if let Ok((_, high)) = self.consumer.fetch_watermarks(&self.cfg.topic, *p, Duration::from_secs(1)) {
-                self.metrics.restore.standby_lag(*p, (high - t.next).max(0));
+                lag += (high - t.next).max(0);
             }
         }
+        self.metrics.restore.standby_lag(lag);
     }
 
     /// One changelog record of standby partition `p`.

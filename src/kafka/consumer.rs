@@ -104,7 +104,9 @@ impl ConsumerContext for GroupContext {
                     .collect();
                 let starts: Result<Vec<(i32, Option<i64>)>, String> = crate::parallel::run_all(jobs)
                     .into_iter()
-                    .map(|(p, found)| found.map(|n| (p, n)).map_err(|e| format!("the start offset of partition {p}: {e}")))
+                    .map(|(p, found)| {
+                        found.map(|n| (p, n)).map_err(|e| format!("the start offset of partition {p}: {e}"))
+                    })
                     .collect();
                 let mut a = self.assignment.lock().expect("not poisoned");
                 a.received = true;

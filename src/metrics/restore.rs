@@ -46,7 +46,7 @@ pub struct RestoreMetrics {
     pending: IntGauge,
     set_back: IntCounter,
     standby_partitions: IntGauge,
-    standby_lag: IntGaugeVec,
+    standby_lag: IntGauge,
     standby_records: IntCounter,
 }
 
@@ -103,11 +103,10 @@ impl RestoreMetrics {
                 "reconciler_standby_partitions",
                 "Partitions this instance keeps a standby replica of (tails their changelog; [consumer] standby_replicas).",
             ),
-            standby_lag: int_gauge_vec(
+            standby_lag: int_gauge(
                 r,
                 "reconciler_standby_lag_records",
-                "Changelog records of a standby partition not yet applied to this instance's store.",
-                &["partition"],
+                "Changelog records of this instance's standby partitions not yet applied to its store (their sum; 0 without standbys).",
             ),
             standby_records: int_counter(
                 r,
@@ -155,18 +154,14 @@ impl RestoreMetrics {
         self.records.inc_by(records);
     }
 
-    /// The standby partitions are `partitions` now (series of the others
-    /// removed).
-    pub fn standby(&self, partitions: &std::collections::BTreeSet<i32>, dropped: &std::collections::BTreeSet<i32>) {
-        self.standby_partitions.set(partitions.len() as i64);
-        for p in dropped {
-            let _ = self.standby_lag.remove_label_values(&[&p.to_string()]);
-        }
+    /// This instance keeps a standby of `partitions` partitions now.
+    pub fn standby(&self, partitions: usize) {
+        self.standby_partitions.set(partitions as i64);
     }
 
-    /// Standby partition `partition` is `lag` records behind its changelog.
-    pub fn standby_lag(&self, partition: i32, lag: i64) {
-        self.standby_lag.with_label_values(&[&partition.to_string()]).set(lag);
+    /// Its standby partitions are `lag` changelog records behind in all.
+    pub fn standby_lag(&self, lag: i64) {
+        self.standby_lag.set(lag);
     }
 
     /// A standby replica applied `n` changelog records.
@@ -191,7 +186,7 @@ impl RestoreMetrics {
 
     /// The name of every metric here.
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 7] = [
+        let all: [&dyn Collector; 11] = [
             &self.restores,
             &self.records,
             &self.duration,
@@ -199,6 +194,10 @@ impl RestoreMetrics {
             &self.started,
             &self.published,
             &self.pending,
+            &self.set_back,
+            &self.standby_partitions,
+            &self.standby_lag,
+            &self.standby_records,
         ];
         all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
     }
