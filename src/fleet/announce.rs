@@ -18,9 +18,10 @@ pub type Owned = Box<dyn Fn() -> BTreeSet<i32> + Send>;
 
 /// Starts the announcer: publishes this member (`url`, what `owned` says)
 /// to `topic` on every change and every [`ANNOUNCE_EVERY`] until
-/// `shutdown`, then a tombstone. Publishing errors are logged and retried
-/// on the next period: the fleet view is a convenience, never a reason to
-/// stop processing.
+/// `shutdown`, then a tombstone. A publishing error is logged and the
+/// announcement tried again on the next turn of the loop (each attempt
+/// waits for its acknowledgement or the producer's timeout): the fleet view
+/// is a convenience, never a reason to stop processing.
 pub fn spawn(
     kafka: &BTreeMap<String, String>,
     topic: &str,
@@ -46,13 +47,14 @@ pub fn spawn(
                         every_ms: ANNOUNCE_EVERY.as_millis() as i64,
                     };
                     let value = serde_json::to_vec(&member).expect("a member serializes");
-                    match publish(&publisher, &topic, &url, Some(value)) {
-                        Ok(()) => last = Some((now, Instant::now())),
+                    // A failed announcement is due again on the next turn.
+                    last = match publish(&publisher, &topic, &url, Some(value)) {
+                        Ok(()) => Some((now, Instant::now())),
                         Err(e) => {
                             warn!(error = %e, "Announcing this instance to the fleet failed; retrying");
-                            last = Some((BTreeSet::from([-1]), Instant::now()));
+                            None
                         }
-                    }
+                    };
                 }
                 std::thread::sleep(Duration::from_millis(100)); // how soon a change is announced
             }

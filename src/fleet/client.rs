@@ -31,6 +31,15 @@ pub struct FleetReview {
     pub members: Vec<Reached>,
 }
 
+/// The client that asks the members (a member that does not answer within
+/// 10 s counts as unreachable).
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client with default settings builds")
+}
+
 /// `GET url`: the status and the JSON body.
 pub async fn get_json(http: &reqwest::Client, url: &str) -> Result<(u16, Value), String> {
     let r = http.get(url).send().await.map_err(|e| e.to_string())?;

@@ -194,10 +194,12 @@ pub(super) async fn resolve(
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let here = {
+    // Only a fleet request asks where the operation is: the partition
+    // is all it needs (not the explanation with its timeline).
+    let here = fleet && {
         let (s, id) = (s.clone(), id.clone());
         tokio::task::spawn_blocking(move || {
-            operator::explain(&s.store, &id).ok().flatten().is_some_and(|e| s.owns(e.partition))
+            operator::explain::locate(&s.store, &id).ok().flatten().is_some_and(|(p, _)| s.owns(p))
         })
         .await
         .unwrap_or(false)

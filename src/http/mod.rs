@@ -101,10 +101,7 @@ impl AppState {
             owned: Some(pipeline.ownership()),
             claims: pipeline.claims(),
             fleet: Arc::new(OnceLock::new()),
-            client: reqwest::Client::builder()
-                .timeout(std::time::Duration::from_secs(10))
-                .build()
-                .expect("an HTTP client with default settings builds"),
+            client: crate::fleet::client::http_client(),
         }
     }
 

@@ -31,13 +31,6 @@ fn runtime() -> Result<tokio::runtime::Runtime, OperatorError> {
         .map_err(|e| OperatorError::Invalid(format!("starting the HTTP client: {e}")))
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(10))
-        .build()
-        .expect("an HTTP client with default settings builds")
-}
-
 /// The query string of `/api/review` for `filter`.
 fn query(filter: &ReviewFilter) -> String {
     let enc = |s: &str| percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string();
@@ -57,7 +50,7 @@ fn query(filter: &ReviewFilter) -> String {
 /// `reconciler review --fleet`.
 pub fn review_fleet_cmd(cfg: &Config, filter: &ReviewFilter, as_json: bool) -> Result<String, OperatorError> {
     let members = live_members(cfg)?;
-    let fleet = runtime()?.block_on(client::review(&http(), &members, &query(filter)));
+    let fleet = runtime()?.block_on(client::review(&client::http_client(), &members, &query(filter)));
     if as_json {
         return Ok(format!("{}\n", serde_json::to_string_pretty(&fleet).expect("JSON serializes")));
     }
@@ -84,7 +77,7 @@ pub fn review_fleet_cmd(cfg: &Config, filter: &ReviewFilter, as_json: bool) -> R
 pub fn explain_fleet_cmd(cfg: &Config, operation_id: &str, as_json: bool) -> Result<String, OperatorError> {
     let members = live_members(cfg)?;
     let (owner, body) = runtime()?
-        .block_on(client::find(&http(), &members, operation_id))
+        .block_on(client::find(&client::http_client(), &members, operation_id))
         .ok_or_else(|| OperatorError::NotFound(operation_id.to_owned()))?;
     if as_json {
         return Ok(format!("{}\n", serde_json::to_string_pretty(&body).expect("JSON serializes")));

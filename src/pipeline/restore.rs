@@ -149,10 +149,7 @@ impl Changelog {
                     warn!(partition, error = %e, "Catching up the standby state failed; restoring the partition instead");
                     self.store.forget_partition(partition)?;
                 }
-                Err(Failure::Undo(e)) => {
-                    self.store.forget_partition(partition)?;
-                    return Err(RestoreError::Undo { partition, source: e });
-                }
+                Err(Failure::Undo(e)) => return self.undo_failed(partition, e),
             }
         }
         let local = self.store.next_offset(partition)?;
@@ -168,10 +165,7 @@ impl Changelog {
                 Err(Failure::Read(e)) => {
                     warn!(partition, error = %e, "Restoring from the changelog failed; replaying the input instead")
                 }
-                Err(Failure::Undo(e)) => {
-                    self.store.forget_partition(partition)?;
-                    return Err(RestoreError::Undo { partition, source: e });
-                }
+                Err(Failure::Undo(e)) => return self.undo_failed(partition, e),
             }
         }
         // (Re-read: a failed restore leaves the partition empty.)
@@ -179,6 +173,30 @@ impl Changelog {
         let source = if target(local, committed).is_some() { RestoreSource::Input } else { RestoreSource::Local };
         self.metrics.restore.restored(source);
         Ok(local)
+    }
+
+    /// The undo of a batch cut short in `partition` was not published: the
+    /// partition is left empty and the assignment fails.
+    fn undo_failed(&self, partition: i32, source: KafkaError) -> Result<Option<i64>, RestoreError> {
+        self.store.forget_partition(partition)?;
+        Err(RestoreError::Undo { partition, source })
+    }
+
+    /// Publishes the undo of `tail` (the store holding `partition` as it
+    /// was before it, at `next`) and waits for it, so that it is in the
+    /// changelog before any batch of this owner.
+    fn publish_undo(&self, topic: &str, partition: i32, tail: &Tail, next: Option<i64>) -> Result<(), Failure> {
+        let undo = self.store.undo(partition, tail, next, topic)?;
+        match &self.undo {
+            Some(publisher) => {
+                publisher.publish_all(undo.iter().map(|r| (r, Some(partition)))).map_err(Failure::Undo)?;
+                self.metrics.restore.set_back(undo.len());
+            }
+            // Under exactly_once a batch's changelog is in its transaction:
+            // a reader never sees part of one.
+            None => warn!(partition, "A batch cut short in a transactional changelog: left out, not set back"),
+        }
+        Ok(())
     }
 
     /// Reads `partition`'s changelog into the store; the offset it restored
@@ -223,8 +241,7 @@ impl Changelog {
     }
 
     /// Restores `partition` again over `range` (up to the last complete
-    /// batch), then publishes the undo of `tail` and waits for it, so that
-    /// it is in the changelog before any batch of this owner.
+    /// batch), then publishes the undo of `tail`.
     fn set_back(
         &self,
         topic: &str,
@@ -236,20 +253,10 @@ impl Changelog {
         let again = if range.1 > range.0 {
             self.read(topic, partition, range, records).map_err(Failure::Read)?
         } else {
-            self.store.forget_partition(partition).map_err(|e| Failure::Read(StreamError::Visit(e)))?;
+            self.store.forget_partition(partition)?;
             Restored { next: None, tail: None }
         };
-        let undo =
-            self.store.undo(partition, tail, again.next, topic).map_err(|e| Failure::Read(StreamError::Visit(e)))?;
-        match &self.undo {
-            Some(publisher) => {
-                publisher.publish_all(undo.iter().map(|r| (r, Some(partition)))).map_err(Failure::Undo)?;
-                self.metrics.restore.set_back(undo.len());
-            }
-            // Under exactly_once a batch's changelog is in its transaction:
-            // a reader never sees part of one.
-            None => warn!(partition, "A batch cut short in a transactional changelog: left out, not set back"),
-        }
+        self.publish_undo(topic, partition, tail, again.next)?;
         Ok(again)
     }
 
@@ -258,7 +265,6 @@ impl Changelog {
     /// time; a batch cut short at the end is set back as in a restore.
     /// The next offset the state includes.
     fn catch_up(&self, topic: &str, partition: i32, from: i64) -> Result<Option<i64>, Failure> {
-        let visit = |e: StoreError| Failure::Read(StreamError::Visit(e));
         let (low, high) =
             self.watermarks.range(topic, partition, Duration::from_secs(10)).map_err(|e| Failure::Read(e.into()))?;
         if from < low {
@@ -282,17 +288,11 @@ impl Changelog {
             })
             .map_err(Failure::Read)?;
         }
+        let next = self.store.next_offset(partition)?;
         if !held.is_empty() {
             warn!(partition, writes = held.len(), "The changelog ends with a batch cut short: setting it back");
-            let tail = Tail::of_records(&held);
-            let next = self.store.next_offset(partition).map_err(visit)?;
-            let undo = self.store.undo(partition, &tail, next, topic).map_err(visit)?;
-            if let Some(publisher) = &self.undo {
-                publisher.publish_all(undo.iter().map(|r| (r, Some(partition)))).map_err(Failure::Undo)?;
-                self.metrics.restore.set_back(undo.len());
-            }
+            self.publish_undo(topic, partition, &Tail::of_records(partition, &held), next)?;
         }
-        let next = self.store.next_offset(partition).map_err(visit)?;
         self.metrics.restore.restore_finished(partition, started.elapsed().as_secs_f64(), read);
         info!(partition, records = read, from, next_offset = ?next, "Partition taken over from its standby replica here");
         Ok(next)
@@ -336,6 +336,12 @@ enum Failure {
     Read(StreamError<StoreError>),
     /// A batch cut short could not be set back.
     Undo(KafkaError),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Failure {
+        Failure::Read(StreamError::Visit(e))
+    }
 }
 
 /// Why an assigned partition has no start offset.

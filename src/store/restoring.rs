@@ -72,14 +72,14 @@ pub struct Tail {
 }
 
 impl Tail {
-    /// The tail of changelog `records` read after the last offsets record
-    /// (a standby's catch-up).
-    pub fn of_records(records: &[(Vec<u8>, Option<Vec<u8>>)]) -> Tail {
+    /// The tail of changelog `records` of `partition` read after the last
+    /// offsets record (a standby's catch-up).
+    pub fn of_records(partition: i32, records: &[(Vec<u8>, Option<Vec<u8>>)]) -> Tail {
         let keys = records
             .iter()
-            .filter_map(|(k, _)| {
-                let (&tag, store_key) = k.get(1..)?.split_first()?;
-                Some((super::changelog::family_of(tag)?, store_key.to_vec()))
+            .filter_map(|(k, v)| match change(partition, k, v.as_deref()) {
+                Ok(Change::Write { family, key, .. }) => Some((family, key.to_vec())),
+                _ => None,
             })
             .collect();
         Tail { complete_to: None, keys }
@@ -116,29 +116,13 @@ impl<'a> Restoring<'a> {
             self.store.wipe_partition(self.partition, &mut self.wb);
         }
         self.records += 1;
-        match change(self.partition, key, value) {
-            Ok(Change::Offset(next)) => {
+        match stage(self.store, &mut self.wb, self.partition, key, value)? {
+            Change::Offset(next) => {
                 self.offset = Some(next);
                 self.complete_to = Some(at + 1);
                 self.tail.clear();
             }
-            Ok(Change::Write { family, key, value }) => {
-                let cf = self.store.cf(family.name());
-                match value {
-                    Some(v) => self.wb.put_cf(cf, key, v),
-                    None => self.wb.delete_cf(cf, key),
-                }
-                self.tail.push((family, key.to_vec()));
-            }
-            Err(Unreadable::Format(found)) => {
-                return Err(StoreError::ChangelogFormat { found: found.into(), expected: FORMAT })
-            }
-            Err(Unreadable::Malformed) => {
-                return Err(StoreError::Corrupt {
-                    what: "changelog record",
-                    reason: format!("key {key:02x?} is not a changelog key of partition {}", self.partition),
-                })
-            }
+            Change::Write { family, key, .. } => self.tail.push((family, key.to_vec())),
         }
         if self.wb.size_in_bytes() >= RESTORE_CHUNK_BYTES {
             self.store.write(std::mem::take(&mut self.wb))?;
@@ -173,6 +157,32 @@ impl<'a> Restoring<'a> {
     }
 }
 
+/// Reads changelog record `key`/`value` of `partition` and, for a write,
+/// adds it to `wb`; what the record is.
+fn stage<'k>(
+    store: &Store,
+    wb: &mut WriteBatch,
+    partition: i32,
+    key: &'k [u8],
+    value: Option<&'k [u8]>,
+) -> Result<Change<'k>, StoreError> {
+    let found = change(partition, key, value).map_err(|e| match e {
+        Unreadable::Format(found) => StoreError::ChangelogFormat { found: found.into(), expected: FORMAT },
+        Unreadable::Malformed => StoreError::Corrupt {
+            what: "changelog record",
+            reason: format!("key {key:02x?} is not a changelog key of partition {partition}"),
+        },
+    })?;
+    if let Change::Write { family, key, value } = &found {
+        let cf = store.cf(family.name());
+        match value {
+            Some(v) => wb.put_cf(cf, key, v),
+            None => wb.delete_cf(cf, key),
+        }
+    }
+    Ok(found)
+}
+
 impl Store {
     /// A standby replica's write (see [`crate::fleet::standby`]): the
     /// changelog `records` of `partition` in one atomic write. When the
@@ -189,26 +199,10 @@ impl Store {
         let mut wb = WriteBatch::default();
         let mut offset = None;
         for (key, value) in records {
-            offset = None;
-            match change(partition, key, value.as_deref()) {
-                Ok(Change::Offset(next)) => offset = Some(next),
-                Ok(Change::Write { family, key, value }) => {
-                    let cf = self.cf(family.name());
-                    match value {
-                        Some(v) => wb.put_cf(cf, key, v),
-                        None => wb.delete_cf(cf, key),
-                    }
-                }
-                Err(Unreadable::Format(found)) => {
-                    return Err(StoreError::ChangelogFormat { found: found.into(), expected: FORMAT })
-                }
-                Err(Unreadable::Malformed) => {
-                    return Err(StoreError::Corrupt {
-                        what: "changelog record",
-                        reason: format!("key {key:02x?} is not a changelog key of partition {partition}"),
-                    })
-                }
-            }
+            offset = match stage(self, &mut wb, partition, key, value.as_deref())? {
+                Change::Offset(next) => Some(next),
+                Change::Write { .. } => None,
+            };
         }
         let offsets = self.cf(OFFSETS);
         match offset {
