@@ -123,6 +123,9 @@ fn config_with(
         cfg.topics.events = events.to_owned();
     }
     cfg.consumer.group_id = format!("{prefix}.group");
+    // Timers and the workload's decisions signed and checked, as in
+    // production (issue 18).
+    cfg.security.control_keys = vec![BENCH_CONTROL_KEY.into()];
     let dir = std::env::temp_dir().join(prefix);
     std::fs::create_dir_all(&dir).unwrap();
     cfg.state_dir = dir.join("state");
@@ -130,12 +133,15 @@ fn config_with(
     let t = &cfg.topics;
     let guarantee = if exactly_once { "exactly_once" } else { "at_least_once" };
     let toml = format!(
-        "guarantee = {guarantee:?}\nstate_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\nfleet = {:?}\npartitions = {partitions}\n[consumer]\ngroup_id = {:?}\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"receive.message.max.bytes\" = \"104857600\"\n",
+        "guarantee = {guarantee:?}\nstate_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\nfleet = {:?}\npartitions = {partitions}\n[consumer]\ngroup_id = {:?}\n[security]\ncontrol_keys = [{BENCH_CONTROL_KEY:?}]\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"receive.message.max.bytes\" = \"104857600\"\n",
         cfg.state_dir, t.events, t.verdicts, t.anomalies, t.dlq, t.commands, t.changelog, t.fleet, cfg.consumer.group_id, brokers
     );
     std::fs::write(&file, toml).unwrap();
     (cfg, file)
 }
+
+/// The control key of the benchmark's instances and loadgen.
+const BENCH_CONTROL_KEY: &str = "e2e-bench-control-key";
 
 fn spawn(config: &Path, args: &[&str]) -> Child {
     Command::new(binary())

@@ -54,6 +54,10 @@ fn main() {
     let batch = env("REBUILD_BATCH", Config::default().consumer.batch_size).max(1);
     let mut cfg = Config::default();
     cfg.consumer.apply_threads = env("REBUILD_THREADS", 0);
+    // The workload's decisions signed, as in production: their check is
+    // part of the measured work.
+    cfg.security.control_keys = vec!["rebuild-bench-control-key".into()];
+    let keys = cfg.security.loaded();
     let policy = cfg.policy();
     let codec = Codec::new();
     // REBUILD_BLOCK_CACHE_MB / REBUILD_WRITE_BUFFER_MB: the `[store]`
@@ -80,7 +84,7 @@ fn main() {
     let mut phases = [Duration::ZERO; 2];
     let mut total = 0u64;
     let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
-    let applier = Applier { discard_outputs, ..Applier::new(&cfg, &store, &policy, &codec, &metrics) };
+    let applier = Applier { discard_outputs, ..Applier::new(&cfg, &store, &policy, &codec, &keys, &metrics) };
     let mut next: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
     // By key, as a producer's partitioner does: an entity's events stay in
     // one partition, in order.
@@ -92,7 +96,7 @@ fn main() {
         let records: Vec<Record> = gen
             .by_ref()
             .take(batch)
-            .map(|p| topic.append(p.record.to_outbox(&codec, &cfg.topics.events).unwrap()))
+            .map(|p| topic.append(p.record.to_outbox(&codec, &keys, &cfg.topics.events).unwrap()))
             .collect();
         if records.is_empty() {
             break;

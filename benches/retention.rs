@@ -37,9 +37,9 @@ use reconciler::core::Status;
 use reconciler::loadgen::{Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
-use reconciler::records::event_record;
 use reconciler::records::InputRecord;
 use reconciler::records::Record;
+use reconciler::records::{event_record, signed};
 use reconciler::store::Store;
 
 #[global_allocator]
@@ -87,12 +87,16 @@ fn main() {
     let partitions = 6;
     let mut cfg = Config::default();
     cfg.time.retention_ms = retention;
+    // Signed as the reconciler signs its timers and the operators their
+    // decisions: the signature check is part of the measured work.
+    cfg.security.control_keys = vec!["retention-bench-control-key".into()];
+    let keys = cfg.security.loaded();
     let policy = cfg.policy();
     let codec = Codec::new();
     let dir = std::env::temp_dir().join(format!("reconciler-retention-{}", std::process::id()));
     let store = Store::open(&dir, "retention.events", false).unwrap();
     let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
-    let applier = Applier { discard_outputs: true, ..Applier::new(&cfg, &store, &policy, &codec, &metrics) };
+    let applier = Applier { discard_outputs: true, ..Applier::new(&cfg, &store, &policy, &codec, &keys, &metrics) };
     let mut opts = Options::preload(operations, 17, 1_800_000_000_000);
     opts.confirm_within_ms = window;
     opts.entities = 100_000;
@@ -121,7 +125,7 @@ fn main() {
             if let InputRecord::Event(e) = &p.record {
                 event_time = event_time.max(e.occurred_at);
             }
-            records.push(topic.append(p.record.to_outbox(&codec, &cfg.topics.events).unwrap()));
+            records.push(topic.append(p.record.to_outbox(&codec, &keys, &cfg.topics.events).unwrap()));
         }
         if records.is_empty() {
             break;
@@ -134,7 +138,7 @@ fn main() {
         for p in 0..partitions {
             for t in store.due_timers(p, event_time, usize::MAX).unwrap() {
                 let ev = Event::deadline_reached(&t.operation_id, &t.entity_id, &t.operation_type, t.at);
-                pending.push(topic.append(event_record(&codec, &cfg.topics.events, &ev).unwrap()));
+                pending.push(topic.append(signed(event_record(&codec, &cfg.topics.events, &ev).unwrap(), &keys)));
                 timers_fired += 1;
             }
         }
@@ -158,7 +162,7 @@ fn main() {
                             evidence_checked: vec![],
                         },
                     };
-                    pending.push(topic.append(event_record(&codec, &cfg.topics.events, &ev).unwrap()));
+                    pending.push(topic.append(signed(event_record(&codec, &cfg.topics.events, &ev).unwrap(), &keys)));
                 }
             }
         }

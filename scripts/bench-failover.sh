@@ -59,6 +59,8 @@ partitions = 6
 [consumer]
 group_id = "$prefix.group"
 standby_replicas = $standby
+[security]
+control_keys = ["bench-control-key-$prefix"]
 [kafka]
 "bootstrap.servers" = "127.0.0.1:$BROKER_PORT"
 "receive.message.max.bytes" = "1000000000"

@@ -42,6 +42,8 @@ partitions = 6
 group_id = "$prefix.group"
 [http]
 bind = "127.0.0.1:19493"
+[security]
+control_keys = ["bench-control-key-$prefix"]
 [kafka]
 "bootstrap.servers" = "127.0.0.1:$BROKER_PORT"
 "receive.message.max.bytes" = "1000000000"

@@ -4,7 +4,7 @@
 # deployment this is Apache Kafka (see docker-compose.yml).
 #
 #   scripts/broker.sh install [noida]    install tansu 0.6.0 (or noida-db 0.2.3) if missing
-#   scripts/broker.sh start [sqlite|memory|noida]   start on 127.0.0.1:$BROKER_PORT in a fresh directory
+#   scripts/broker.sh start [sqlite|memory|noida|scram]   start on 127.0.0.1:$BROKER_PORT in a fresh directory
 #   scripts/broker.sh stop               stop the broker started by `start`
 #   scripts/broker.sh kill               kill -9 it, keeping its data (reliability tests)
 #   scripts/broker.sh restart            start it again on the data of the last `start`
@@ -12,7 +12,10 @@
 # tansu sqlite (default) survives broker kill -9; tansu memory is ~10x
 # faster but is only right for throughput runs from offset 0. noida
 # (noida-db) has Kafka transactions (the exactly_once suites) and is fast,
-# but keeps its data in memory: it does not survive a kill -9.
+# but keeps its data in memory: it does not survive a kill -9. scram is tansu
+# sqlite with SASL/SCRAM-SHA-256 enforced, one user $BROKER_SCRAM_USER /
+# $BROKER_SCRAM_PASSWORD (the broker-authentication test; neither broker
+# has working TLS, see RELIABILITY.md).
 set -euo pipefail
 
 TANSU_VERSION=0.6.0
@@ -84,8 +87,25 @@ launch() {
   local engine=$1 dir=$2
   echo "$engine $dir" > "$DIR_FILE"
   local url
+  local auth=()
   case "$engine" in
     sqlite) url="sqlite://tansu.db" ;;
+    scram)
+      url="sqlite://tansu.db"
+      auth=(--authentication)
+      if [ ! -f "$dir/.scram-user" ]; then
+        # tansu's `user create` cannot log in, so the user is made on a
+        # first start without authentication, on the same database.
+        (cd "$dir" && : > .env && exec tansu broker --listener-url "tcp://127.0.0.1:$PORT" \
+            --advertised-listener-url "tcp://127.0.0.1:$PORT" --storage-engine "$url" >broker.log 2>&1) &
+        echo $! > "$PID_FILE"
+        wait_port "$dir"
+        tansu user create --broker "tcp://127.0.0.1:$PORT" --mechanism scram256 \
+          "${BROKER_SCRAM_USER:-reconciler}" "${BROKER_SCRAM_PASSWORD:-reconciler-scram-secret}"
+        stop >/dev/null
+        touch "$dir/.scram-user"
+        echo "$engine $dir" > "$DIR_FILE"
+      fi ;;
     memory) url="memory://tansu/" ;;
     noida)
       # Kafka only; the data directory holds what a clean stop saves.
@@ -95,14 +115,14 @@ launch() {
       wait_port "$dir"
       echo "noida-db listening on 127.0.0.1:$PORT, pid $(cat "$PID_FILE"), data in $dir"
       return ;;
-    *) echo "unknown engine $engine (sqlite|memory|noida)" >&2; exit 2 ;;
+    *) echo "unknown engine $engine (sqlite|memory|noida|scram)" >&2; exit 2 ;;
   esac
   # tansu reads a .env in its working directory and resolves sqlite paths
   # relative to it: run it inside the fresh directory.
   (cd "$dir" && : > .env && exec tansu broker \
       --listener-url "tcp://127.0.0.1:$PORT" \
       --advertised-listener-url "tcp://127.0.0.1:$PORT" \
-      --storage-engine "$url" >broker.log 2>&1) &
+      --storage-engine "$url" "${auth[@]}" >broker.log 2>&1) &
   echo $! > "$PID_FILE"
   wait_port "$dir"
   echo "tansu ($engine) listening on 127.0.0.1:$PORT, pid $(cat "$PID_FILE"), data in $dir"
@@ -147,5 +167,5 @@ case "${1:-}" in
   stop) stop ;;
   kill) kill9 ;;
   restart) restart ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac

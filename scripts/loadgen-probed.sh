@@ -32,6 +32,8 @@ kind = "http"
 url = "http://127.0.0.1:$DEST_PORT/effects/{idempotency_key}"
 remote_id_pointer = "/id"
 version_pointer = "/version"
+[security]
+control_keys = ["loadgen-probed-control-key"]
 [kafka]
 "bootstrap.servers" = "$B"
 EOF

@@ -437,7 +437,8 @@ pub fn predicted_verdicts_with_probes(
 /// for the deliberately broken records).
 pub fn publish(cfg: &Config, records: &[InputRecord]) -> Result<usize, PipelineError> {
     let codec = Codec::new();
-    let out = records.iter().map(|r| r.to_outbox(&codec, &cfg.topics.events)).collect::<Result<Vec<_>, _>>()?;
+    let keys = cfg.security.loaded();
+    let out = records.iter().map(|r| r.to_outbox(&codec, &keys, &cfg.topics.events)).collect::<Result<Vec<_>, _>>()?;
     let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
     Ok(publisher.publish_all(out.iter().map(|r| (r, None)))?)
 }
@@ -451,6 +452,15 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
     let truth = destination_truth(copies);
     let destination = DestinationServer::start(truth.clone()).map_err(DemoError::Destination)?;
     let mut cfg = cfg.clone();
+    if cfg.security.control_keys.is_empty() && !cfg.security.allow_unsigned_control {
+        // The demo's timers and decisions are signed as in production; a
+        // key for this run only, unless one is configured.
+        let key: String = std::iter::repeat_with(fastrand::alphanumeric).take(32).collect();
+        tracing::info!(
+            "No security.control_keys configured: the demo signs its control events with a key made for this run"
+        );
+        cfg.security.control_keys = vec![key];
+    }
     cfg.destinations.insert("crm".into(), demo_destination(&destination));
     cfg.probe.state_dir = cfg.state_dir.join("probe");
     let cfg = &cfg;

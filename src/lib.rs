@@ -17,12 +17,16 @@
 //!   - `core/operation.rs`: per-operation state and transitions.
 //!   - `core/verdict.rs`: verdicts, anomalies, repair commands, deterministic ids.
 //!   - `core/deadline.rs`: timers (deadlines, follow-ups, reorder windows, retention).
+//!   - `core/trust.rs`: which events only the reconciler may write, and the
+//!     anomaly of one that does not prove it (issue 18).
 //! - [`clock`]: the wall clock, injected (depends on nothing).
 //! - [`codec`]: Avro single-object encoding against the schemas in `schemas/`.
 //! - [`config`]: the configuration file, its defaults and checks.
 //! - [`records`]: the shapes every layer passes (a consumed record, a record
 //!   to publish); where an input record is decoded (or dead-lettered) and
 //!   outputs become records.
+//! - [`signature`]: the HMAC signatures of the control events the
+//!   reconciler writes to its input (pure; the core gets their verdict).
 //! - [`store`]: RocksDB; where state is written (state, timer index, offsets,
 //!   outbox and the timeline, in one atomic write per batch lane).
 //! - [`kafka`]: the Kafka adapters: consumer-group member (reports facts),
@@ -79,5 +83,6 @@ pub mod probe;
 pub mod records;
 #[cfg(feature = "io")]
 pub mod report;
+pub mod signature;
 #[cfg(feature = "io")]
 pub mod store;

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{validate_key, Codec, DecodeError, EncodeError};
 use crate::config::Topics;
-use crate::core::{Event, Output};
+use crate::core::{Authenticity, Event, Output};
+use crate::signature::ControlKeys;
 
 /// An owned copy of a consumed record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,10 +81,12 @@ pub enum InputRecord {
 }
 
 impl InputRecord {
-    /// The record as it goes to input topic `topic`.
-    pub fn to_outbox(&self, codec: &Codec, topic: &str) -> Result<OutboxRecord, EncodeError> {
+    /// The record as it goes to input topic `topic`; the control events
+    /// the workload simulates (an operator's decision, a timer) signed
+    /// with `keys`, as the reconciler's own tools sign them.
+    pub fn to_outbox(&self, codec: &Codec, keys: &ControlKeys, topic: &str) -> Result<OutboxRecord, EncodeError> {
         match self {
-            InputRecord::Event(e) => event_record(codec, topic, e),
+            InputRecord::Event(e) => event_record_signing_control(codec, keys, topic, e),
             InputRecord::Raw { key, value, .. } => Ok(OutboxRecord {
                 topic: topic.to_owned(),
                 key: Some(key.clone()),
@@ -141,6 +144,18 @@ pub fn decode_record(codec: &Codec, max_record_bytes: usize, r: &Record) -> Resu
     Ok(ev)
 }
 
+/// What the signature of input record `r`, decoded to `ev`, proves under
+/// `keys` (the core's input, see [`crate::core::trust`]). Only control
+/// events are checked: the core looks at nothing else, and an HMAC per
+/// lifecycle event would be work for nothing.
+pub fn authenticity(keys: &ControlKeys, r: &Record, ev: &Event) -> Authenticity {
+    if !crate::core::trust::is_control(&ev.body) {
+        return Authenticity::Unsigned;
+    }
+    let value = r.value.as_deref().unwrap_or_default();
+    keys.check(r.key.as_deref(), value, r.header(crate::signature::HEADER))
+}
+
 /// The dead letter of `r` for dead-letter topic `topic`: the provenance
 /// headers of SPEC §8 added to the original key, value and headers.
 ///
@@ -176,6 +191,30 @@ pub fn event_record(codec: &Codec, topic: &str, ev: &Event) -> Result<OutboxReco
         value: Some(codec.encode_event(ev)?),
         headers: Vec::new(),
     })
+}
+
+/// `record` signed with `keys` (see [`crate::signature`]): the signature
+/// header added, unless no key is configured (then it goes unsigned, which
+/// only an instance with `security.allow_unsigned_control` applies).
+pub fn signed(mut record: OutboxRecord, keys: &ControlKeys) -> OutboxRecord {
+    let value = record.value.as_deref().unwrap_or_default();
+    if let Some(sig) = keys.sign(record.key.as_deref(), value) {
+        record.headers.push((crate::signature::HEADER.to_owned(), Some(sig)));
+    }
+    record
+}
+
+/// [`event_record`], signed with `keys` when `ev` is a control event
+/// ([`crate::core::trust::is_control`]): how loadgen and the demo write
+/// the decisions and timers they simulate.
+pub fn event_record_signing_control(
+    codec: &Codec,
+    keys: &ControlKeys,
+    topic: &str,
+    ev: &Event,
+) -> Result<OutboxRecord, EncodeError> {
+    let record = event_record(codec, topic, ev)?;
+    Ok(if crate::core::trust::is_control(&ev.body) { signed(record, keys) } else { record })
 }
 
 /// An output of the core as it is published: to its topic, keyed by entity.

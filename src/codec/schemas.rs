@@ -42,7 +42,7 @@ type SchemaFile = (&'static str, &'static str, SchemaKind, bool);
 
 /// The files of `schemas/`, embedded so the binary carries its contract.
 /// Older versions stay listed so records written with them still decode.
-pub const SCHEMA_FILES: [SchemaFile; 7] = [
+pub const SCHEMA_FILES: [SchemaFile; 8] = [
     ("operation_event.avsc", include_str!("../../schemas/operation_event.avsc"), SchemaKind::OperationEvent, true),
     (
         "history/operation_event.v2.avsc",
@@ -59,6 +59,7 @@ pub const SCHEMA_FILES: [SchemaFile; 7] = [
     ("verdict.avsc", include_str!("../../schemas/verdict.avsc"), SchemaKind::Verdict, true),
     ("history/verdict.v1.avsc", include_str!("../../schemas/history/verdict.v1.avsc"), SchemaKind::Verdict, false),
     ("anomaly.avsc", include_str!("../../schemas/anomaly.avsc"), SchemaKind::Anomaly, true),
+    ("history/anomaly.v1.avsc", include_str!("../../schemas/history/anomaly.v1.avsc"), SchemaKind::Anomaly, false),
     ("repair_command.avsc", include_str!("../../schemas/repair_command.avsc"), SchemaKind::RepairCommand, true),
 ];
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::redact::{Redactor, DEFAULT_PATTERNS};
 use crate::core::{Policy, TypePolicy};
+use crate::signature::ControlKeys;
 
 mod probe;
 pub use probe::{expand_env, placeholders, DestinationConfig, DestinationKind, ProbeConfig, PROBE_PARAMS};
@@ -305,11 +306,89 @@ pub struct Http {
     /// (0.0.0.0, ::), which no one else can reach: then this instance is
     /// not announced, and says so at start-up.
     pub advertised_url: Option<String>,
+    /// The request header an authenticating proxy in front of the API sets
+    /// to the caller's identity (e.g. `X-Forwarded-User`). When set, a
+    /// decision's actor is that caller: a resolve without the header is
+    /// refused, and one whose body names someone else too. Without it the
+    /// actor is whatever the request says (the token proves the caller may
+    /// decide, not who they are). Only set it behind such a proxy: anyone
+    /// reaching the API directly could send the header.
+    pub actor_header: Option<String>,
 }
 
 impl Default for Http {
     fn default() -> Self {
-        Http { bind: "127.0.0.1:9464".into(), token: None, advertised_url: None }
+        Http { bind: "127.0.0.1:9464".into(), token: None, advertised_url: None, actor_header: None }
+    }
+}
+
+/// The trust boundary on the input topic (`[security]`, issue 18): the
+/// keys that sign and verify the control events the reconciler writes to
+/// its own input (see `core::trust` and `signature`).
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Security {
+    /// HMAC keys, at least 16 bytes each: the first signs, all verify (add
+    /// a new key second, move it first, drop the old one once the input's
+    /// retention holds nothing it signed). Every instance and every
+    /// operator tool that writes decisions needs the same list. Give them
+    /// in the environment, not in a file:
+    /// `RECONCILER_SECURITY__CONTROL_KEYS='["<secret>", "<older secret>"]'`.
+    pub control_keys: Vec<String>,
+    /// Apply control events without checking their signature (today's
+    /// behaviour before issue 18): any producer with write access to the
+    /// input can then force overdue verdicts and decide review cases. For
+    /// trials only.
+    pub allow_unsigned_control: bool,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Security")
+            .field("control_keys", &format_args!("{} key(s), {REDACTED}", self.control_keys.len()))
+            .field("allow_unsigned_control", &self.allow_unsigned_control)
+            .finish()
+    }
+}
+
+impl Security {
+    /// The control keys, for the commands that write or apply control
+    /// events (`run`, `replay`, `resolve`, `probe`). An error naming
+    /// `security.control_keys` when there are none and unsigned control
+    /// events are not allowed: such an instance could not sign its own
+    /// timers, and would refuse every decision.
+    pub fn keys(&self) -> Result<ControlKeys, ConfigError> {
+        if self.control_keys.is_empty() && !self.allow_unsigned_control {
+            return Err(invalid(
+                "security.control_keys",
+                "no key configured: control events (DeadlineReached, ManualDecision, ProbeFailed) are applied only when signed. \
+                 Set RECONCILER_SECURITY__CONTROL_KEYS='[\"<secret of 16 bytes or more>\"]' (the same on every instance and operator tool), \
+                 or security.allow_unsigned_control = true for a trial",
+            ));
+        }
+        Ok(self.loaded())
+    }
+
+    /// The control keys configured (possibly none), for tools that sign
+    /// when they can (loadgen, the demo).
+    pub fn loaded(&self) -> ControlKeys {
+        ControlKeys::new(self.control_keys.iter().map(|k| k.as_bytes().to_vec()))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (i, k) in self.control_keys.iter().enumerate() {
+            if k.len() < crate::signature::MIN_KEY_BYTES {
+                return Err(invalid(
+                    &format!("security.control_keys[{i}]"),
+                    format!(
+                        "is {} bytes long; a control key needs at least {}",
+                        k.len(),
+                        crate::signature::MIN_KEY_BYTES
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -320,6 +399,7 @@ impl std::fmt::Debug for Http {
             .field("bind", &self.bind)
             .field("token", &token)
             .field("advertised_url", &self.advertised_url)
+            .field("actor_header", &self.actor_header)
             .finish()
     }
 }
@@ -428,6 +508,8 @@ pub struct Config {
     /// The destinations the probe worker can query, by the name services
     /// put in `Requested.destination` (`[destinations.<name>]`).
     pub destinations: BTreeMap<String, DestinationConfig>,
+    /// Control-event signatures (`[security]`, issue 18).
+    pub security: Security,
 }
 
 impl Default for Config {
@@ -448,6 +530,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             probe: ProbeConfig::default(),
             destinations: BTreeMap::new(),
+            security: Security::default(),
         }
     }
 }
@@ -565,6 +648,7 @@ impl Config {
         }
         Redactor::new(&self.redaction.patterns).map_err(|e| invalid("redaction.patterns", e.to_string()))?;
         self.http.bind_addr()?;
+        self.security.validate()?;
         if self.http.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return Err(invalid("http.token", "must not be empty (leave it out to disable resolve and redrive)"));
         }
@@ -647,6 +731,9 @@ impl Config {
         if let Some(t) = cfg.http.token.as_mut() {
             *t = REDACTED.to_owned();
         }
+        for k in cfg.security.control_keys.iter_mut() {
+            *k = REDACTED.to_owned();
+        }
         cfg
     }
 
@@ -675,6 +762,7 @@ impl Config {
             max_requeues: self.time.max_requeues,
             act: self.mode == Mode::Act,
             redactor: Redactor::new(&self.redaction.patterns).expect("validated"),
+            signed_control: !self.security.allow_unsigned_control,
         }
     }
 }
@@ -695,6 +783,24 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         Config::default().validate().unwrap();
+    }
+
+    /// Issue 18: the default demands signed control events; the keys are
+    /// checked, never printed, and the trial switch turns the check off.
+    #[test]
+    fn control_keys_are_required_checked_and_redacted() {
+        let err = Config::default().security.keys().unwrap_err().to_string();
+        assert!(err.contains("security.control_keys") && err.contains("allow_unsigned_control"), "{err}");
+        assert!(Config::default().policy().signed_control);
+        let err = from_toml("[security]\ncontrol_keys = [\"0123456789abcdef\", \"short\"]\n").unwrap_err().to_string();
+        assert!(err.contains("security.control_keys[1]"), "{err}");
+        let cfg = from_toml("[security]\ncontrol_keys = [\"0123456789abcdef-hush-hush\"]\n").unwrap();
+        assert!(!cfg.security.keys().unwrap().is_empty());
+        assert!(!format!("{cfg:?}").contains("hush"), "never in a debug print");
+        assert_eq!(cfg.redacted().security.control_keys, vec![REDACTED.to_owned()]);
+        let trial = from_toml("[security]\nallow_unsigned_control = true\n").unwrap();
+        assert!(trial.security.keys().unwrap().is_empty());
+        assert!(!trial.policy().signed_control);
     }
 
     #[test]
@@ -737,7 +843,7 @@ mod tests {
     #[test]
     fn the_fleet_topic_and_advertised_url_are_checked() {
         let url = |bind: &str, adv: Option<&str>| {
-            let http = Http { bind: bind.into(), token: None, advertised_url: adv.map(str::to_owned) };
+            let http = Http { bind: bind.into(), advertised_url: adv.map(str::to_owned), ..Http::default() };
             http.advertised(bind.parse().unwrap())
         };
         assert_eq!(url("127.0.0.1:9464", None).as_deref(), Some("http://127.0.0.1:9464"));

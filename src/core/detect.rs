@@ -13,6 +13,7 @@ use super::names::named_enum;
 use super::operation::{EntityState, HeldEvent, OperationState, SeqRecord, Trigger};
 use super::output::{AnomalyKind, Output, Status, Supersession};
 use super::policy::Policy;
+use super::trust::{self, Authenticity};
 use super::verdict::anomaly;
 
 /// Most missing revisions a SEQ_GAP anomaly lists one by one.
@@ -70,7 +71,11 @@ impl Step {
 }
 
 /// Applies one event to its operation (`slot`, `None` if unknown) and the
-/// entity's shared facts, appending every decision to `out`.
+/// entity's shared facts, appending every decision to `out`. `auth` is what
+/// the record's signature proved (see [`super::trust`]): under
+/// `policy.signed_control`, a control event that is not
+/// [`Authenticity::Signed`] changes nothing and is flagged
+/// FORGED_CONTROL_EVENT.
 ///
 /// Pure: the result depends only on the arguments. Afterwards
 /// `slot.timer_at` is the operation's next timer (or the slot is `None` when
@@ -81,10 +86,17 @@ pub fn apply(
     slot: &mut Option<OperationState>,
     entity: &mut EntityState,
     mut ev: Event,
+    auth: Authenticity,
     pos: SourcePos,
     out: &mut Vec<Output>,
 ) -> Step {
     redact_body(policy, &mut ev.body);
+    if trust::refused(policy, &ev.body, auth) {
+        // Before anything else: not even its event id is remembered (the
+        // genuine event with that id must still be applied when it comes).
+        out.push(Output::Anomaly(trust::forged(slot.as_ref(), &ev, pos, auth)));
+        return Step::only(Disposition::Anomalous);
+    }
     if let Body::DeadlineReached { deadline } = ev.body {
         let Some(op) = slot.as_mut() else {
             return Step::only(Disposition::Ignored);

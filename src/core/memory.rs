@@ -10,6 +10,7 @@ use super::event::{Event, SourcePos};
 use super::operation::{EntityState, OperationState};
 use super::output::Output;
 use super::policy::Policy;
+use super::trust::Authenticity;
 
 /// All state of one reconciler, kept in memory. (Hash maps: a B-tree of
 /// these large values spends its time shifting them; nothing here depends
@@ -29,13 +30,27 @@ impl MemoryEngine {
     }
 
     /// Applies one event, appending its outputs to `out`: the event's own,
-    /// then those of the older operations its request supersedes.
+    /// then those of the older operations its request supersedes. The event
+    /// is taken as authentic (a test's or a replay's own input); see
+    /// [`MemoryEngine::process_checked`].
     pub fn process(&mut self, policy: &Policy, ev: Event, pos: SourcePos, out: &mut Vec<Output>) -> Disposition {
+        self.process_checked(policy, ev, Authenticity::Signed, pos, out)
+    }
+
+    /// [`MemoryEngine::process`] of an event whose signature check said `auth`.
+    pub fn process_checked(
+        &mut self,
+        policy: &Policy,
+        ev: Event,
+        auth: Authenticity,
+        pos: SourcePos,
+        out: &mut Vec<Output>,
+    ) -> Disposition {
         let mut slot = self.ops.remove(&ev.operation_id);
         let op_id = ev.operation_id.clone();
         let entity_id = ev.entity_id.clone();
         let entity = self.entities.entry(entity_id.clone()).or_default();
-        let step = apply(policy, &mut slot, entity, ev, pos, out);
+        let step = apply(policy, &mut slot, entity, ev, auth, pos, out);
         if let Some(op) = slot {
             self.ops.insert(op_id, op);
         }

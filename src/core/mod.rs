@@ -15,6 +15,7 @@ pub mod operation;
 pub mod output;
 pub mod policy;
 pub mod redact;
+pub mod trust;
 pub mod verdict;
 
 pub use detect::{apply, supersede, Disposition, Step, Supersede};
@@ -25,3 +26,4 @@ pub use output::{
     Verdict,
 };
 pub use policy::{Policy, TypePolicy};
+pub use trust::Authenticity;

@@ -100,7 +100,8 @@ mod tests {
     fn names_are_unchanged() {
         assert_eq!(Status::RetryScheduled.as_str(), "RETRY_SCHEDULED");
         assert_eq!(Status::ALL.len(), 10);
-        assert_eq!(AnomalyKind::ALL.len(), 9);
+        assert_eq!(AnomalyKind::ALL.len(), 10);
+        assert_eq!(AnomalyKind::ForgedControlEvent.as_str(), "FORGED_CONTROL_EVENT");
         assert_eq!(Disposition::Anomalous.as_str(), "anomalous");
         assert_eq!(Disposition::ALL[Disposition::Ignored as usize], Disposition::Ignored);
         assert_eq!(EvidenceSource::ResultFile.as_str(), "RESULT_FILE");

@@ -237,6 +237,9 @@ named_enum! {
         OrphanEvent => "ORPHAN_EVENT",
         /// An effect for an entity version older than one already confirmed.
         StaleVersion => "STALE_VERSION",
+        /// A control event (DeadlineReached, ManualDecision, ProbeFailed)
+        /// without a valid signature: not applied (see `core::trust`).
+        ForgedControlEvent => "FORGED_CONTROL_EVENT",
     }
 }
 
@@ -273,6 +276,10 @@ pub struct Anomaly {
     pub source_partition: i32,
     /// Input offset of the record that caused the detection.
     pub source_offset: i64,
+    /// For FORGED_CONTROL_EVENT, the flagged event's `producer` (who claims
+    /// to have written it); `None` for the other kinds.
+    #[serde(default)]
+    pub producer: Option<String>,
 }
 
 named_enum! {

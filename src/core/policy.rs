@@ -47,6 +47,11 @@ pub struct Policy {
     /// Cleans `detail`, `evidence_ref` and `note` before anything is stored
     /// or published (SPEC §4).
     pub redactor: Redactor,
+    /// Control events (`DeadlineReached`, `ManualDecision`, `ProbeFailed`)
+    /// are applied only when signed (see [`super::trust`]); off only with
+    /// `security.allow_unsigned_control`. Off in [`Policy::default`], which
+    /// the core's own tests use: the configuration's default is on.
+    pub signed_control: bool,
 }
 
 impl Default for Policy {
@@ -62,6 +67,7 @@ impl Default for Policy {
             max_requeues: 2,
             act: false,
             redactor: Redactor::default(),
+            signed_control: false,
         }
     }
 }

@@ -137,6 +137,7 @@ pub(crate) fn anomaly(
         detail,
         source_partition: pos.partition,
         source_offset: pos.offset,
+        producer: None,
     }
 }
 

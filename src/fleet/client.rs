@@ -47,11 +47,13 @@ pub async fn get_json(http: &reqwest::Client, url: &str) -> Result<(u16, Value),
 }
 
 /// `POST url` with a JSON body and, when given, the caller's
-/// `Authorization` header passed through.
+/// `Authorization` header passed through, and the `(header, name)` that
+/// identifies the caller (`[http] actor_header`).
 pub async fn post_json(
     http: &reqwest::Client,
     url: &str,
     authorization: Option<&str>,
+    caller: Option<(&str, &str)>,
     body: &Value,
 ) -> Result<(u16, Value), String> {
     let mut req = http
@@ -60,6 +62,9 @@ pub async fn post_json(
         .body(serde_json::to_vec(body).expect("JSON serializes"));
     if let Some(a) = authorization {
         req = req.header(reqwest::header::AUTHORIZATION, a);
+    }
+    if let Some((header, name)) = caller {
+        req = req.header(header, name);
     }
     let r = req.send().await.map_err(|e| e.to_string())?;
     answer(url, r).await

@@ -151,16 +151,25 @@ pub(super) async fn review(
 
 /// A request that changes state: the bearer token first, then the JSON
 /// body (`shape` names its fields in the error).
+/// The body of a request that changes state, once it came from a
+/// same-origin page or no browser at all and carries the token; else the
+/// refusal. A body over the limit keeps its 413.
 fn admit<T>(
-    token: Option<&str>,
+    http: &crate::config::Http,
     headers: &HeaderMap,
     body: Result<Json<T>, JsonRejection>,
     shape: &str,
 ) -> Result<T, Box<Response>> {
-    if let Some(r) = auth::refusal(token, headers) {
+    if let Some(r) = auth::cross_site(headers, http.advertised_url.as_deref()) {
         return Err(Box::new(r));
     }
-    body.map(|Json(b)| b).map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, &format!("expected {shape}: {e}"))))
+    if let Some(r) = auth::refusal(http.token.as_deref(), headers) {
+        return Err(Box::new(r));
+    }
+    body.map(|Json(b)| b).map_err(|e| {
+        let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE { e.status() } else { StatusCode::BAD_REQUEST };
+        Box::new(error(code, &format!("expected {shape}: {e}")))
+    })
 }
 
 /// The body of a resolve request.
@@ -190,8 +199,12 @@ pub(super) async fn resolve(
         Ok(f) => f,
         Err(r) => return *r,
     };
-    let b = match admit(s.cfg.http.token.as_deref(), &headers, body, "{decision, actor, note, evidence_checked?}") {
+    let mut b = match admit(&s.cfg.http, &headers, body, "{decision, actor, note, evidence_checked?}") {
         Ok(b) => b,
+        Err(r) => return *r,
+    };
+    b.actor = match auth::actor(s.cfg.http.actor_header.as_deref(), &headers, &b.actor) {
+        Ok(a) => a,
         Err(r) => return *r,
     };
     // Only a fleet request asks where the operation is: the partition
@@ -206,8 +219,12 @@ pub(super) async fn resolve(
     };
     if fleet && !here {
         let authorization = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        // The actor is settled here (from the caller's identity, if one is
+        // configured) and travels in the body; the owner checks it again
+        // against the same header, passed on.
+        let caller = s.cfg.http.actor_header.as_deref().map(|h| (h, b.actor.as_str()));
         let body = serde_json::to_value(&b).expect("a resolve body serializes");
-        return super::fleet::resolve(&s, &id, authorization, &body).await;
+        return super::fleet::resolve(&s, &id, authorization, caller, &body).await;
     }
     let decision = match parse_decision(&b.decision) {
         Ok(d) => d,
@@ -233,7 +250,8 @@ pub(super) async fn resolve(
             *slot = Some(p);
         }
         let publisher = slot.as_ref().expect("set above");
-        operator::resolve::publish(publisher, &Codec::new(), &s.cfg.topics.events, &prepared)?;
+        let keys = s.cfg.security.keys().map_err(OperatorError::from)?;
+        operator::resolve::publish(publisher, &Codec::new(), &keys, &s.cfg.topics.events, &prepared)?;
         Ok(serde_json::json!({
             "published": true,
             "operation_id": prepared.event.operation_id,
@@ -266,7 +284,7 @@ pub(super) async fn redrive(
     headers: HeaderMap,
     body: Result<Json<RedriveBody>, JsonRejection>,
 ) -> Response {
-    let b = match admit(s.cfg.http.token.as_deref(), &headers, body, "{class?, positions?, limit?, dry_run?}") {
+    let b = match admit(&s.cfg.http, &headers, body, "{class?, positions?, limit?, dry_run?}") {
         Ok(b) => b,
         Err(r) => return *r,
     };

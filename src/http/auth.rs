@@ -1,4 +1,6 @@
-//! Bearer-token check for the endpoints that change state.
+//! The checks of the endpoints that change state: the bearer token, the
+//! origin of the request (CSRF) and who the caller is (the actor of a
+//! decision).
 
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -35,7 +37,59 @@ fn unauthorized(msg: &str) -> Response {
 
 /// Comparison whose time does not depend on where the inputs differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    crate::signature::same_secret(a, b)
+}
+
+/// `None` when a request that changes state comes from this API's own
+/// origin (the panel), or from no browser at all (the CLI, curl, another
+/// instance: no `Origin`, no `Sec-Fetch-Site`); else the 403 to send. The
+/// panel keeps its token in sessionStorage, not in a cookie, so a foreign
+/// page has no credentials to ride on; this refuses its requests before
+/// the token is even looked at (defence in depth, and against a page that
+/// asks its visitor for the token). `advertised` is the instance's public
+/// URL, an origin besides the `Host` the request names.
+pub(super) fn cross_site(headers: &HeaderMap, advertised: Option<&str>) -> Option<Response> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = get("sec-fetch-site").filter(|s| !matches!(*s, "same-origin" | "none")) {
+        return Some(error(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "refused: a {site} request may not change state here (CSRF); use the panel of this instance or the CLI"
+            ),
+        ));
+    }
+    let origin = get(header::ORIGIN.as_str())?;
+    let authority = |url: &str| url.split_once("://").map_or(url, |(_, rest)| rest).trim_end_matches('/').to_owned();
+    let own = [get(header::HOST.as_str()).map(str::to_owned), advertised.map(authority)];
+    if own.iter().flatten().any(|o| *o == authority(origin)) {
+        return None;
+    }
+    Some(error(
+        StatusCode::FORBIDDEN,
+        &format!("refused: a request from origin {origin} may not change state here (CSRF); use the panel of this instance or the CLI"),
+    ))
+}
+
+/// The actor of a decision: with `[http] actor_header` configured (set by
+/// the authenticating proxy in front of the API), the caller that header
+/// names, and a body naming someone else is refused; without it, the
+/// body's `actor` (the bearer token says the caller may decide, not who
+/// they are).
+pub(super) fn actor(actor_header: Option<&str>, headers: &HeaderMap, claimed: &str) -> Result<String, Box<Response>> {
+    let Some(name) = actor_header else { return Ok(claimed.to_owned()) };
+    let caller = headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|c| !c.is_empty());
+    let Some(caller) = caller else {
+        return Err(Box::new(unauthorized(&format!(
+            "no authenticated caller: header {name} (http.actor_header, set by the proxy in front of this API) is missing"
+        ))));
+    };
+    if !claimed.trim().is_empty() && claimed.trim() != caller {
+        return Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            &format!("the actor {claimed:?} is not the authenticated caller {caller:?}: leave actor empty or give your own name"),
+        )));
+    }
+    Ok(caller.to_owned())
 }
 
 #[cfg(test)]
@@ -48,6 +102,45 @@ mod tests {
             h.insert(header::AUTHORIZATION, a.parse().unwrap());
         }
         h
+    }
+
+    fn with(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn only_same_origin_browsers_may_change_state() {
+        let refused = |pairs: &[(&str, &str)], adv| cross_site(&with(pairs), adv).map(|r| r.status());
+        assert_eq!(refused(&[("host", "127.0.0.1:9464")], None), None, "no browser: the CLI, curl");
+        assert_eq!(refused(&[("host", "127.0.0.1:9464"), ("origin", "http://127.0.0.1:9464")], None), None);
+        assert_eq!(
+            refused(&[("host", "10.0.0.7:9464"), ("origin", "https://recon.example")], Some("https://recon.example/")),
+            None
+        );
+        let evil = [("host", "127.0.0.1:9464"), ("origin", "https://evil.example")];
+        assert_eq!(refused(&evil, None), Some(StatusCode::FORBIDDEN));
+        assert_eq!(refused(&[("sec-fetch-site", "cross-site")], None), Some(StatusCode::FORBIDDEN));
+        assert_eq!(
+            refused(&[("sec-fetch-site", "same-origin"), ("host", "h:1"), ("origin", "http://h:1")], None),
+            None
+        );
+    }
+
+    #[test]
+    fn the_actor_is_the_authenticated_caller_when_a_header_names_it() {
+        let h = with(&[("x-forwarded-user", "ana")]);
+        assert_eq!(actor(None, &h, "bob").unwrap(), "bob", "no header configured: the body says");
+        assert_eq!(actor(Some("x-forwarded-user"), &h, "").unwrap(), "ana");
+        assert_eq!(actor(Some("x-forwarded-user"), &h, "ana").unwrap(), "ana");
+        assert_eq!(actor(Some("x-forwarded-user"), &h, "bob").unwrap_err().status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            actor(Some("x-forwarded-user"), &HeaderMap::new(), "ana").unwrap_err().status(),
+            StatusCode::UNAUTHORIZED
+        );
     }
 
     #[test]

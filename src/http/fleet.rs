@@ -79,7 +79,13 @@ pub(super) async fn operation(s: &AppState, id: &str) -> Response {
 /// A decision on an operation owned by another member: sent to the
 /// owner's own resolve endpoint, with the caller's `Authorization`
 /// header; the owner's answer, with its URL as `instance`.
-pub(super) async fn resolve(s: &AppState, id: &str, authorization: Option<&str>, body: &Value) -> Response {
+pub(super) async fn resolve(
+    s: &AppState,
+    id: &str,
+    authorization: Option<&str>,
+    caller: Option<(&str, &str)>,
+    body: &Value,
+) -> Response {
     let members = match live(s) {
         Ok((_, m)) => m,
         Err(r) => return *r,
@@ -89,7 +95,7 @@ pub(super) async fn resolve(s: &AppState, id: &str, authorization: Option<&str>,
     };
     let encoded = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC);
     let url = format!("{owner}/api/operations/{encoded}/resolve");
-    match client::post_json(&s.client, &url, authorization, body).await {
+    match client::post_json(&s.client, &url, authorization, caller, body).await {
         Ok((status, mut answer)) => {
             if let Value::Object(o) = &mut answer {
                 o.insert("instance".into(), Value::String(owner));

@@ -271,8 +271,14 @@ fn router(state: AppState) -> Router {
         .route("/api/dlq/redrive", post(api::redrive))
         .route("/api/fleet", get(fleet::members))
         .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") })
+        // A decision or a re-drive request is a few hundred bytes: a body
+        // past this is refused (413) before it is buffered.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
+
+/// Largest request body the API reads (64 KiB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 const PANEL_HTML: &str = include_str!("panel/index.html");
 const PANEL_JS: &str = include_str!("panel/panel.js");

@@ -3,6 +3,7 @@
 //! the Kafka protocol through librdkafka and nothing else.
 
 pub mod admin;
+pub mod connect;
 pub mod consumer;
 pub mod producer;
 pub mod reader;
@@ -78,6 +79,14 @@ pub enum KafkaError {
     /// run with an assignment it does not really have.
     #[error("rebalance failed: {0}")]
     Rebalance(String),
+    /// The broker refused this client's credentials or its TLS handshake.
+    #[error("the broker at {brokers} refused this client's credentials or TLS handshake (check security.protocol, sasl.* and ssl.* under [kafka]): {reason}")]
+    Authentication {
+        /// `bootstrap.servers`.
+        brokers: String,
+        /// librdkafka's account of the refusal.
+        reason: String,
+    },
 }
 
 impl KafkaError {
@@ -96,9 +105,10 @@ impl KafkaError {
             KafkaError::Client { source, .. } => source.rdkafka_error_code(),
             KafkaError::Refused { code, .. } | KafkaError::NotAcknowledged { code, .. } => Some(*code),
             KafkaError::AckTimeout { .. } | KafkaError::Timeout(_) => None,
-            KafkaError::UnknownTopic(_) | KafkaError::Rebalance(_) | KafkaError::ChangelogPartitions { .. } => {
-                return false
-            }
+            KafkaError::UnknownTopic(_)
+            | KafkaError::Rebalance(_)
+            | KafkaError::ChangelogPartitions { .. }
+            | KafkaError::Authentication { .. } => return false,
         };
         code.is_none_or(|c| !fatal_code(c))
     }

@@ -60,6 +60,9 @@ pub enum LoadgenError {
     /// checked.
     #[error(transparent)]
     Operator(#[from] crate::operator::OperatorError),
+    /// The configuration cannot sign the decisions the workload simulates.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Event time stamped on the workload.
@@ -240,6 +243,9 @@ pub fn publish(
 ) -> Result<(Published, GroundTruth), LoadgenError> {
     const CHUNK: usize = 10_000;
     let codec = Codec::new();
+    // The workload's operator decisions are signed as `resolve` signs
+    // them: the reconciler applies them only then (issue 18).
+    let keys = cfg.security.keys()?;
     let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
     let bar = if progress { ProgressBar::new(gen.truth().operations) } else { ProgressBar::hidden() };
     bar.set_style(
@@ -264,7 +270,7 @@ pub fn publish(
                 std::thread::sleep(Duration::from_millis(wait as u64));
             }
         }
-        chunk.push(p.record.to_outbox(&codec, &cfg.topics.events)?);
+        chunk.push(p.record.to_outbox(&codec, &keys, &cfg.topics.events)?);
         records += 1;
         if chunk.len() >= CHUNK {
             flush(&mut chunk)?;
@@ -287,6 +293,8 @@ pub fn command(cfg: &Config, action: Option<Action>, args: &Workload) -> Result<
     let t = &cfg.topics;
     match action {
         None => {
+            cfg.security.keys()?;
+            crate::kafka::connect::check_credentials(&cfg.kafka, Duration::from_secs(10))?;
             crate::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
             let opts = args.options(cfg, now_ms())?;
             if opts.faults.probed > 0.0 {

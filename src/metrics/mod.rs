@@ -36,7 +36,7 @@ use crate::core::event::ErrorClass;
 
 mod probe;
 mod restore;
-use crate::core::{Disposition, Escalation, OperationState, Output, RepairAction, Status};
+use crate::core::{Authenticity, Disposition, Escalation, OperationState, Output, RepairAction, Status};
 pub use probe::{ProbeMetrics, ProbeResult, UNKNOWN_DESTINATION};
 pub use restore::{RestoreMetrics, RestoreSource};
 
@@ -122,6 +122,7 @@ pub struct Metrics {
     retries_by_cause: IntCounterVec,
     escalations: IntCounterVec,
     superseded: IntCounterVec,
+    forged_control_events: IntCounterVec,
     manual_decisions: IntCounterVec,
     time_to_confirm: HistogramVec,
     batch_duration: Histogram,
@@ -269,6 +270,12 @@ impl Metrics {
                 "Operations replaced by a request for a higher version of the same entity, type and destination: closed (NOT_APPLICABLE) or marked in review.",
                 &["result"],
             ),
+            forged_control_events: counter(
+                &r,
+                "reconciler_forged_control_events_total",
+                "Control events (DeadlineReached, ManualDecision, ProbeFailed) refused for want of a valid signature (issue 18): by body, and whether unsigned or with a bad signature. Each is also a FORGED_CONTROL_EVENT anomaly.",
+                &["body", "authenticity"],
+            ),
             manual_decisions: counter(
                 &r,
                 "reconciler_manual_decisions_total",
@@ -409,6 +416,11 @@ impl Metrics {
         for r in ["committed", "aborted"] {
             m.transactions.with_label_values(&[r]);
         }
+        for body in ["DeadlineReached", "ManualDecision", "ProbeFailed"] {
+            for a in [Authenticity::Unsigned, Authenticity::BadSignature] {
+                m.forged_control_events.with_label_values(&[body, a.as_str()]);
+            }
+        }
         m
     }
 
@@ -434,6 +446,12 @@ impl Metrics {
     /// An operation replaced by a newer version: `closed`, or marked in review.
     pub fn superseded(&self, closed: bool) {
         self.superseded.with_label_values(&[if closed { "closed" } else { "marked" }]).inc();
+    }
+
+    /// A control event with body `body` refused for `auth` (never
+    /// [`Authenticity::Signed`]).
+    pub fn forged_control_event(&self, body: &str, auth: Authenticity) {
+        self.forged_control_events.with_label_values(&[body, auth.as_str()]).inc();
     }
 
     /// Sets the number of operations waiting for a follow-up, by action.
@@ -595,7 +613,7 @@ impl Metrics {
     /// The name of every metric, whether or not it has a value yet
     /// (dashboards and alert rules are checked against this).
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 29] = [
+        let all: [&dyn Collector; 30] = [
             &self.events,
             &self.dead_letters,
             &self.verdicts,
@@ -605,6 +623,7 @@ impl Metrics {
             &self.retries_by_cause,
             &self.escalations,
             &self.superseded,
+            &self.forged_control_events,
             &self.manual_decisions,
             &self.time_to_confirm,
             &self.batch_duration,

@@ -89,8 +89,9 @@ pub fn resolve_cmd(cfg: &Config, req: &ResolveRequest, as_json: bool) -> Result<
     let view = open_view(cfg)?;
     let prepared = resolve::prepare(&view.store, req, system_clock()())?;
     drop(view);
+    let keys = cfg.security.keys()?;
     let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
-    resolve::publish(&publisher, &Codec::new(), &cfg.topics.events, &prepared)?;
+    resolve::publish(&publisher, &Codec::new(), &keys, &cfg.topics.events, &prepared)?;
     Ok(if as_json {
         json(&prepared)
     } else {

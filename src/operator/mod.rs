@@ -47,6 +47,10 @@ pub enum OperatorError {
     /// The replay's pipeline failed.
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    /// The configuration does not allow it (no control keys to sign a
+    /// decision with, ...).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// No operation with this id in the store (never seen here, or removed
     /// after retention).
     #[error("operation {0} is not in the state store (never seen, or removed after retention)")]

@@ -18,6 +18,7 @@ use crate::core::event::{Body, Decision, Event};
 use crate::core::OperationState;
 use crate::kafka::producer::Publisher;
 use crate::records::OutboxRecord;
+use crate::signature::ControlKeys;
 use crate::store::Store;
 
 /// Namespace of manual-decision event ids.
@@ -102,15 +103,27 @@ pub fn check(op: &OperationState, decision: Decision) -> Result<(), OperatorErro
     })
 }
 
-/// The record to publish to input topic `topic`: keyed by entity_id.
-pub fn record(codec: &Codec, topic: &str, d: &PreparedDecision) -> Result<OutboxRecord, OperatorError> {
-    Ok(crate::records::event_record(codec, topic, &d.event)?)
+/// The record to publish to input topic `topic`: keyed by entity_id and
+/// signed with `keys` (the pipeline applies only signed decisions).
+pub fn record(
+    codec: &Codec,
+    keys: &ControlKeys,
+    topic: &str,
+    d: &PreparedDecision,
+) -> Result<OutboxRecord, OperatorError> {
+    Ok(crate::records::signed(crate::records::event_record(codec, topic, &d.event)?, keys))
 }
 
-/// Publishes a prepared decision to the operation's partition of `topic`
-/// and waits for the broker's acknowledgement.
-pub fn publish(publisher: &Publisher, codec: &Codec, topic: &str, d: &PreparedDecision) -> Result<(), OperatorError> {
-    let rec = record(codec, topic, d)?;
+/// Publishes a prepared decision, signed with `keys`, to the operation's
+/// partition of `topic` and waits for the broker's acknowledgement.
+pub fn publish(
+    publisher: &Publisher,
+    codec: &Codec,
+    keys: &ControlKeys,
+    topic: &str,
+    d: &PreparedDecision,
+) -> Result<(), OperatorError> {
+    let rec = record(codec, keys, topic, d)?;
     publisher.publish_all([(&rec, Some(d.partition))])?;
     // The note stays out of the log: it is free text, redacted only when
     // the pipeline stores it.

@@ -8,13 +8,17 @@ use super::*;
 use crate::codec::Codec;
 use crate::config::Config;
 use crate::core::event::{Body, Decision, EffectObserved, Event, EvidenceSource, Requested};
-use crate::core::{Disposition, Status};
+use crate::core::{AnomalyKind, Disposition, Status};
 use crate::loadgen::MemoryTopic;
 use crate::metrics::Metrics;
 use crate::pipeline::{Applier, Stats};
-use crate::records::{event_record, Record};
+use crate::records::{event_record, event_record_signing_control, signed, OutboxRecord, Record};
+use crate::signature::ControlKeys;
 use crate::store::tests::{temp, TempDir};
 use crate::store::{Batch, Store};
+
+/// The harness's control key.
+const KEY: &str = "operator-tests-control-key";
 
 struct Harness {
     store: Store,
@@ -60,25 +64,35 @@ impl Harness {
     fn new(name: &str) -> Harness {
         let dir = temp(&format!("operator-{name}"));
         let store = Store::open(&dir.0, "t.events", false).unwrap();
-        Harness { store, cfg: Config::default(), topic: MemoryTopic::new(1), _dir: dir }
+        let mut cfg = Config::default();
+        cfg.security.control_keys = vec![KEY.into()];
+        Harness { store, cfg, topic: MemoryTopic::new(1), _dir: dir }
     }
 
     /// One batch of events on partition 0, through the pipeline's batch
     /// step; how each was accounted for, read back from the timeline of
     /// operation op-1 (every event here is of op-1).
+    /// Control events are signed with the configured key, as the
+    /// reconciler's own tools sign them.
     fn batch(&mut self, events: Vec<Event>) -> Vec<Disposition> {
-        let (codec, policy) = (Codec::new(), self.cfg.policy());
+        let codec = Codec::new();
+        let keys = self.cfg.security.loaded();
+        let records =
+            events.iter().map(|e| event_record_signing_control(&codec, &keys, &self.cfg.topics.events, e).unwrap());
+        self.records(records.collect(), events.len())
+    }
+
+    /// [`Harness::batch`] of records as they are (signed or not).
+    fn records(&mut self, records: Vec<OutboxRecord>, n: usize) -> Vec<Disposition> {
+        let (codec, policy, keys) = (Codec::new(), self.cfg.policy(), self.cfg.security.loaded());
         let metrics = Metrics::new(self.cfg.types.keys(), 0);
-        let applier = Applier::new(&self.cfg, &self.store, &policy, &codec, &metrics);
-        let records: Vec<Record> = events
-            .iter()
-            .map(|e| self.topic.append(event_record(&codec, &self.cfg.topics.events, e).unwrap()))
-            .collect();
+        let applier = Applier::new(&self.cfg, &self.store, &policy, &codec, &keys, &metrics);
+        let records: Vec<Record> = records.into_iter().map(|r| self.topic.append(r)).collect();
         let mut next = BTreeMap::from([(0, self.store.next_offset(0).unwrap().unwrap_or(0))]);
         let applied = applier.apply(&records, &mut next, &BTreeMap::new(), &mut Stats::default()).unwrap();
         self.store.write_encoded(&applied.batch).unwrap();
         let timeline = self.store.timeline(0, "op-1").unwrap();
-        timeline.entries.iter().rev().take(events.len()).rev().map(|e| e.disposition).collect()
+        timeline.entries.iter().rev().take(n).rev().map(|e| e.disposition).collect()
     }
 }
 
@@ -269,4 +283,71 @@ fn audit_reports_an_open_operation_without_a_timer() {
         (untimed[0].operation_id.as_str(), untimed[0].state, untimed[0].timer_at),
         ("op-1", Status::Pending, None)
     );
+}
+
+/// Issue 18: control events that do not carry a signature of a configured
+/// key change nothing (not even the event ids the genuine ones will use),
+/// are flagged FORGED_CONTROL_EVENT with the producer and position, and
+/// show in `explain`; a signature of a key rotated out is refused, one of
+/// the current key accepted.
+#[test]
+fn unsigned_or_badly_signed_control_events_change_nothing() {
+    let mut h = Harness::new("forged");
+    let t = 10_000;
+    let window = Body::Requested(Requested {
+        expected_version: Some(7),
+        idempotent: false,
+        destination: "crm".into(),
+        confirm_within_ms: Some(1_000),
+        ..Default::default()
+    });
+    h.batch(vec![ev("e1", Some(1), t, window), ev("e2", None, t + 5, observed(6))]);
+    let before = state_digest(&h.store).unwrap();
+    let codec = Codec::new();
+    let topic = h.cfg.topics.events.clone();
+    let decision = |id: &str| {
+        let body = Body::ManualDecision {
+            actor: "mallory".into(),
+            decision: Decision::Confirm,
+            note: "trust me".into(),
+            evidence_checked: vec![],
+        };
+        Event { producer: "billing-service".into(), ..ev(id, None, t + 50, body) }
+    };
+    let deadline = Event::deadline_reached("op-1", "cust-1", "sync_customer", t + 999_000);
+    let old = ControlKeys::new([b"an-older-rotated-out-key".to_vec()]);
+    let forged = vec![
+        event_record(&codec, &topic, &decision("m1")).unwrap(),
+        event_record(&codec, &topic, &deadline).unwrap(),
+        signed(event_record(&codec, &topic, &decision("m2")).unwrap(), &old),
+    ];
+    let anomalies = |h: &Harness| {
+        let x = explain(&h.store, "op-1").unwrap().unwrap();
+        x.timeline
+            .iter()
+            .flat_map(|t| t.entry.anomalies.clone())
+            .filter(|a| a.kind == AnomalyKind::ForgedControlEvent)
+            .count()
+    };
+    assert_eq!(h.records(forged, 3), vec![Disposition::Anomalous; 3]);
+    let after = state_digest(&h.store).unwrap();
+    assert_eq!((after.operations, after.entities), (before.operations, before.entities));
+    let x = explain(&h.store, "op-1").unwrap().unwrap();
+    assert_eq!(x.state, Status::ManualReview, "still in review: the forged CONFIRM was not applied");
+    assert_eq!(anomalies(&h), 3);
+    let last = &x.timeline.last().unwrap().entry;
+    assert!(last.anomalies[0].detail.contains("billing-service"), "{}", last.anomalies[0].detail);
+    assert!(render::explanation(&x).contains("FORGED_CONTROL_EVENT"), "{}", render::explanation(&x));
+    // The genuine decision with the same event id as a forged one is
+    // still applied: the forged one left no trace in the dedup set.
+    let keys = h.cfg.security.loaded();
+    let genuine = signed(event_record(&codec, &topic, &decision("m1")).unwrap(), &keys);
+    assert_eq!(h.records(vec![genuine], 1), vec![Disposition::Applied]);
+    assert_eq!(explain(&h.store, "op-1").unwrap().unwrap().state, Status::Confirmed);
+    // With the current key second (rotation), the old key's signature of
+    // m2 is accepted: all configured keys verify.
+    h.cfg.security.control_keys = vec!["a-newer-current-control-key".into(), "an-older-rotated-out-key".into()];
+    let replayed = signed(event_record(&codec, &topic, &decision("m3")).unwrap(), &old);
+    h.records(vec![replayed], 1);
+    assert_eq!(anomalies(&h), 3, "verified this time (a CONFIRMED case then refuses the decision itself)");
 }

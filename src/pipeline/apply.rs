@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{PipelineError, Stats};
 use crate::codec::Codec;
@@ -27,7 +27,9 @@ use crate::config::{Config, Topics};
 use crate::core::{self, Disposition, EntityState, OperationState, Output, Policy, SourcePos};
 use crate::metrics::{self, Metrics};
 use crate::records::Record;
-use crate::records::{dead_letter, decode_record, output_record};
+use crate::records::{authenticity, dead_letter, decode_record, output_record};
+use crate::signature::ControlKeys;
+use crate::store::changelog::Target;
 use crate::store::timeline::{self, Arrival};
 use crate::store::{Batch, Encoded, Store};
 
@@ -40,6 +42,9 @@ pub struct Applier<'a> {
     pub policy: &'a Policy,
     /// Decodes the input and encodes the outputs.
     pub codec: &'a Codec,
+    /// Verify the signatures of control events (their verdict goes to the
+    /// core as data, see [`crate::core::trust`]).
+    pub keys: &'a ControlKeys,
     /// Where outputs and dead letters go.
     pub topics: &'a Topics,
     /// Records larger than this are dead-lettered
@@ -162,11 +167,19 @@ impl<'a> Applier<'a> {
 
     /// The applier `cfg` describes (topics, record size limit, lanes),
     /// storing its outputs for publishing.
-    pub fn new(cfg: &'a Config, store: &'a Store, policy: &'a Policy, codec: &'a Codec, metrics: &'a Metrics) -> Self {
+    pub fn new(
+        cfg: &'a Config,
+        store: &'a Store,
+        policy: &'a Policy,
+        codec: &'a Codec,
+        keys: &'a ControlKeys,
+        metrics: &'a Metrics,
+    ) -> Self {
         Applier {
             store,
             policy,
             codec,
+            keys,
             topics: &cfg.topics,
             max_record_bytes: cfg.consumer.max_record_bytes,
             metrics,
@@ -263,8 +276,10 @@ impl<'a> Applier<'a> {
                     continue;
                 }
             };
-            if let core::Body::DeadlineReached { deadline } = ev.body {
-                applied.deadlines.push((ev.operation_id.clone(), deadline));
+            let auth = authenticity(self.keys, r, &ev);
+            let forged = core::trust::refused(self.policy, &ev.body, auth);
+            if let (core::Body::DeadlineReached { deadline }, false) = (&ev.body, forged) {
+                applied.deadlines.push((ev.operation_id.clone(), *deadline));
             }
             let p = r.partition;
             let op = self.slot(&mut ops, p, &ev.operation_id)?;
@@ -276,7 +291,11 @@ impl<'a> Applier<'a> {
             let pos = SourcePos { partition: p, offset: r.offset };
             let arrival = Arrival::of(&ev, pos, self.policy);
             let failed = metrics::Failure::of(&ev.body);
-            let step = core::apply(self.policy, slot, entity, ev, pos, &mut outputs);
+            if forged && !silent {
+                self.metrics.forged_control_event(ev.body.name(), auth);
+                warn!(partition = p, offset = r.offset, producer = %ev.producer, body = ev.body.name(), event_id = %ev.event_id, authenticity = auth.as_str(), "A control event without a valid signature: not applied (FORGED_CONTROL_EVENT)");
+            }
+            let step = core::apply(self.policy, slot, entity, ev, auth, pos, &mut outputs);
             let d = step.disposition;
             self.metrics.event(d, failed, slot.as_ref());
             timeline::record(&mut batch, &mut op.timeline_total, arrival, d, &outputs, slot.is_some());
@@ -313,7 +332,8 @@ impl<'a> Applier<'a> {
         }
         // Encoded here, on the lane's thread, which also frees the states;
         // the changelog records too (none when nothing is published).
-        applied.batch = batch.encode(self.topics.changelog().filter(|_| !self.discard_outputs));
+        let changelog = self.topics.changelog().filter(|_| !self.discard_outputs);
+        applied.batch = batch.encode(changelog.map(|topic| Target { topic, input: &self.topics.events }));
         Ok(applied)
     }
 }

@@ -141,7 +141,12 @@ impl Pipeline {
         let b = Batch {
             records: 0,
             started: Instant::now(),
-            encoded: offsets.encode(self.cfg.topics.changelog()),
+            encoded: offsets.encode(
+                self.cfg
+                    .topics
+                    .changelog()
+                    .map(|topic| crate::store::changelog::Target { topic, input: &self.cfg.topics.events }),
+            ),
             touched: ahead,
             deadlines: Vec::new(),
         };

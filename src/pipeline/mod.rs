@@ -89,6 +89,9 @@ pub enum PipelineError {
     /// A thread of the pipeline panicked.
     #[error("the {0} thread panicked")]
     ThreadPanicked(&'static str),
+    /// The configuration cannot run a pipeline (no control keys, ...).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Counts of what the pipeline did, for logs and the demo.
@@ -156,6 +159,8 @@ impl Stats {
 pub struct Pipeline {
     cfg: Config,
     policy: Policy,
+    /// Signs the timers this instance fires and verifies control events.
+    keys: crate::signature::ControlKeys,
     codec: Codec,
     store: Arc<Store>,
     /// The partitions this pipeline writes (see [`Claims`]).
@@ -242,12 +247,21 @@ impl Pipeline {
         // "One lane per core" resolved once: finding the core count reads
         // the affinity mask and cgroup files, too much for every batch.
         cfg.consumer.apply_threads = cfg.consumer.apply_lanes();
+        // First: an instance that could neither sign its timers nor accept
+        // a decision must not start (issue 18).
+        let keys = cfg.security.keys()?;
+        if cfg.security.allow_unsigned_control {
+            warn!("security.allow_unsigned_control = true: control events (DeadlineReached, ManualDecision, ProbeFailed) are applied without checking their signature; any producer with write access to the input can force overdue verdicts and decide review cases");
+        }
         if replay.is_some() {
             // A rebuild publishes into scratch topics or nowhere: never
             // into the live changelog.
             cfg.topics.changelog.clear();
         }
         let t = &cfg.topics;
+        // Refused credentials fail here, with the broker's reason, rather
+        // than as the next call's timeout.
+        crate::kafka::connect::check_credentials(&cfg.kafka, Duration::from_secs(10))?;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
         let created = match t.changelog() {
@@ -300,6 +314,7 @@ impl Pipeline {
         Ok(Pipeline {
             metrics,
             policy: cfg.policy(),
+            keys,
             cfg,
             codec: Codec::new(),
             store,
@@ -485,7 +500,7 @@ impl Pipeline {
         let stored = next.clone();
         let applier = Applier {
             discard_outputs: self.discard_outputs,
-            ..Applier::new(&self.cfg, &self.store, &self.policy, &self.codec, &self.metrics)
+            ..Applier::new(&self.cfg, &self.store, &self.policy, &self.codec, &self.keys, &self.metrics)
         };
         let Applied { batch, touched, deadlines } =
             applier.apply(&records, &mut next, &self.restore_until, &mut self.stats)?;
@@ -679,7 +694,7 @@ impl Pipeline {
         };
         let topic = &self.cfg.topics.events;
         let marks = timers::Marks { consumer: &self.consumer, watermarks: &self.watermarks, topic };
-        let (due, caught_up) = self.timers.due(&self.store, &self.codec, &marks, &owned, now)?;
+        let (due, caught_up) = self.timers.due(&self.store, &self.codec, &self.keys, &marks, &owned, now)?;
         // The outbox was re-published before the loop began.
         self.metrics.set_readiness(Readiness {
             assigned: received,

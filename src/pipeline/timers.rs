@@ -19,7 +19,8 @@ use crate::codec::Codec;
 use crate::core::Event;
 use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::watermarks::Watermarks;
-use crate::records::{event_record, OutboxRecord};
+use crate::records::{event_record, signed, OutboxRecord};
+use crate::signature::ControlKeys;
 use crate::store::Store;
 
 /// Most due timers a partition hands out per tick (the rest come next tick).
@@ -101,6 +102,7 @@ impl TimerWheel {
         &mut self,
         store: &Store,
         codec: &Codec,
+        keys: &ControlKeys,
         marks: &Marks<'_>,
         owned: &BTreeMap<i32, i64>,
         now: i64,
@@ -119,7 +121,8 @@ impl TimerWheel {
                 }
                 let ev = Event::deadline_reached(&key.0, &t.entity_id, &t.operation_type, t.at);
                 debug!(operation_id = %key.0, entity_id = %t.entity_id, due = t.at, "Timer due");
-                due.push(Due { record: event_record(codec, marks.topic, &ev)?, partition: p, key });
+                let record = signed(event_record(codec, marks.topic, &ev)?, keys);
+                due.push(Due { record, partition: p, key });
             }
         }
         Ok((due, caught_up))

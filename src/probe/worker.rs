@@ -30,6 +30,7 @@ use crate::kafka::KafkaError;
 use crate::metrics::{ProbeMetrics, ProbeResult};
 use crate::pipeline::faults;
 use crate::records::OutboxRecord;
+use crate::signature::ControlKeys;
 
 use super::answer::{answer_event, Outcome};
 use super::destination::{Adapter, Finding, ProbeError};
@@ -117,6 +118,9 @@ pub struct ProbeWorker {
     cfg: Config,
     codec: Codec,
     redactor: Redactor,
+    /// Signs every answer: a `ProbeFailed` is applied only signed, and the
+    /// others are then known to be the worker's (issue 18).
+    keys: ControlKeys,
     ledger: Arc<Ledger>,
     destinations: Arc<BTreeMap<String, Arc<Destination>>>,
     metrics: Arc<ProbeMetrics>,
@@ -129,6 +133,7 @@ impl ProbeWorker {
     /// environment variable fails now, with the field named.
     pub fn new(cfg: Config, registry: &prometheus::Registry) -> Result<ProbeWorker, WorkerError> {
         cfg.validate()?;
+        let keys = cfg.security.keys()?;
         let mut destinations = BTreeMap::new();
         for (name, d) in &cfg.destinations {
             let dest = Destination { adapter: Adapter::build(name, d)?, guard: Guard::new(d) };
@@ -151,6 +156,7 @@ impl ProbeWorker {
             cfg,
             codec: Codec::new(),
             redactor,
+            keys,
             ledger,
             destinations: Arc::new(destinations),
             metrics,
@@ -200,6 +206,7 @@ impl ProbeWorker {
         // Started before the pipeline, the worker creates the topics it
         // reads and writes, as the pipeline would.
         let t = &cfg.topics;
+        crate::kafka::connect::check_credentials(&cfg.kafka, Duration::from_secs(10))?;
         crate::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.probe.group_id, &cfg.topics.commands, start)?;
         let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
@@ -371,6 +378,7 @@ impl ProbeWorker {
         for d in done {
             let ev = answer_event(&d.cmd, &d.outcome, d.at, &self.redactor);
             let record = crate::records::event_record(&self.codec, &self.cfg.topics.events, &ev)?;
+            let record = crate::records::signed(record, &self.keys);
             let result = match &d.outcome {
                 Ok((_, a)) if matches!(a.finding, Finding::Absent) => ProbeResult::Absent,
                 Ok(_) => ProbeResult::Observed,

@@ -10,7 +10,12 @@
 //! Compaction then keeps the latest value of every key, and tombstones
 //! remove what retention removed; what is left of a partition is exactly
 //! its store range. The offsets record (`family = offsets`) carries the
-//! next input offset the state includes.
+//! next input offset the state includes, followed by the name of the input
+//! topic: two pipelines of different inputs pointed at one changelog topic
+//! (the default name, `ops.state`, does not follow `[topics] events`) would
+//! otherwise restore each other's state. A restore that meets another
+//! input's offsets record stops (and the partition replays its input);
+//! records of versions before the name was added (8 bytes) are accepted.
 //!
 //! The format byte is the store's value format ([`super::rocks::FORMAT`]):
 //! a changelog written by a version with another layout is never restored
@@ -71,6 +76,23 @@ fn key(family: Family, store_key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// Where a batch's changelog records go: the changelog topic, and the input
+/// topic its offsets records name.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The changelog topic.
+    pub topic: &'a str,
+    /// The input topic of the state.
+    pub input: &'a str,
+}
+
+/// The value of an offsets record: the next offset, then the input topic.
+pub(crate) fn offsets_value(next: i64, input: &str) -> Vec<u8> {
+    let mut v = keys::offset(next).to_vec();
+    v.extend_from_slice(input.as_bytes());
+    v
+}
+
 /// The changelog record of one store write (`value` `None`: a delete).
 pub(crate) fn record(topic: &str, family: Family, store_key: &[u8], value: Option<&[u8]>) -> OutboxRecord {
     OutboxRecord {
@@ -84,12 +106,16 @@ pub(crate) fn record(topic: &str, family: Family, store_key: &[u8], value: Optio
 /// The changelog records of `part`'s writes, in write order, for `topic`.
 /// Each partition's records end with its offsets record (the batch's
 /// offsets are its last writes): see [`super::restoring`] for why.
-pub(crate) fn records(part: &Part, topic: &str) -> Vec<OutboxRecord> {
+pub(crate) fn records(part: &Part, to: Target<'_>) -> Vec<OutboxRecord> {
     let bytes = &part.bytes;
-    let record = |family, store_key: &[u8], value: Option<&[u8]>| record(topic, family, store_key, value);
+    let record = |family, store_key: &[u8], value: Option<&[u8]>| record(to.topic, family, store_key, value);
     let mut out = Vec::with_capacity(part.writes.len());
     for w in &part.writes {
         match w {
+            Write::Put { family: Family::Offsets, key, value } => {
+                let next = keys::offset_of(&bytes[value.clone()]).expect("an offsets write holds an offset");
+                out.push(record(Family::Offsets, &bytes[key.clone()], Some(&offsets_value(next, to.input))))
+            }
             Write::Put { family, key, value } => {
                 out.push(record(*family, &bytes[key.clone()], Some(&bytes[value.clone()])))
             }
@@ -138,12 +164,20 @@ pub(crate) enum Change<'a> {
 pub(crate) enum Unreadable {
     /// Written by a version with another store format.
     Format(u8),
+    /// The state of another input topic (named).
+    OtherInput(String),
     /// Not a key or value this layout has.
     Malformed,
 }
 
-/// What `key` and `value` of a changelog record of `partition` do.
-pub(crate) fn change<'a>(partition: i32, key: &'a [u8], value: Option<&'a [u8]>) -> Result<Change<'a>, Unreadable> {
+/// What `key` and `value` of a changelog record of `partition` of the
+/// state of input topic `input` do.
+pub(crate) fn change<'a>(
+    partition: i32,
+    input: &str,
+    key: &'a [u8],
+    value: Option<&'a [u8]>,
+) -> Result<Change<'a>, Unreadable> {
     let (&format, rest) = key.split_first().ok_or(Unreadable::Malformed)?;
     if format != format_byte() {
         return Err(Unreadable::Format(format));
@@ -155,7 +189,11 @@ pub(crate) fn change<'a>(partition: i32, key: &'a [u8], value: Option<&'a [u8]>)
     }
     if family == Family::Offsets {
         let v = value.ok_or(Unreadable::Malformed)?;
-        return keys::offset_of(v).filter(|_| v.len() == 8).map(Change::Offset).ok_or(Unreadable::Malformed);
+        let (offset, named) = (v.get(..8).ok_or(Unreadable::Malformed)?, &v[8..]);
+        if !named.is_empty() && named != input.as_bytes() {
+            return Err(Unreadable::OtherInput(String::from_utf8_lossy(named).into_owned()));
+        }
+        return keys::offset_of(offset).map(Change::Offset).ok_or(Unreadable::Malformed);
     }
     Ok(Change::Write { family, key: store_key, value })
 }
@@ -171,12 +209,12 @@ mod tests {
         b.put_entity(2, "e-1".into(), Some(Default::default()));
         b.put_entity(2, "e-2".into(), None);
         b.set_offset(2, 41);
-        let encoded = b.encode(Some("s"));
+        let encoded = b.encode(Some(Target { topic: "s", input: "in" }));
         let recs = &encoded.parts[0].outbox;
         assert_eq!(recs.len(), 3);
         assert!(recs.iter().all(|r| r.topic == "s" && partition_of(r.key.as_deref().unwrap()) == Some(2)));
         let changes: Vec<_> =
-            recs.iter().map(|r| change(2, r.key.as_deref().unwrap(), r.value.as_deref()).unwrap()).collect();
+            recs.iter().map(|r| change(2, "in", r.key.as_deref().unwrap(), r.value.as_deref()).unwrap()).collect();
         assert!(matches!(changes[0], Change::Write { family: Family::Entities, value: Some(_), .. }));
         assert_eq!(
             changes[1],
@@ -186,12 +224,15 @@ mod tests {
         assert_eq!(changes[2], Change::Offset(41));
         // Another partition's record, another format, garbage: refused.
         let k = recs[2].key.as_deref().unwrap();
-        assert_eq!(change(3, k, recs[2].value.as_deref()), Err(Unreadable::Malformed));
+        assert_eq!(change(3, "in", k, recs[2].value.as_deref()), Err(Unreadable::Malformed));
         let mut old = k.to_vec();
         old[0] = format_byte() - 1;
-        assert_eq!(change(2, &old, recs[2].value.as_deref()), Err(Unreadable::Format(format_byte() - 1)));
-        assert_eq!(change(2, b"", None), Err(Unreadable::Malformed));
-        assert_eq!(change(2, &[format_byte(), b'?', 0, 0, 0, 2], None), Err(Unreadable::Malformed));
+        assert_eq!(change(2, "in", &old, recs[2].value.as_deref()), Err(Unreadable::Format(format_byte() - 1)));
+        assert_eq!(change(2, "in", b"", None), Err(Unreadable::Malformed));
+        assert_eq!(change(2, "in", &[format_byte(), b'?', 0, 0, 0, 2], None), Err(Unreadable::Malformed));
+        // The state of another input; an offsets record of before the name.
+        assert_eq!(change(2, "other", k, recs[2].value.as_deref()), Err(Unreadable::OtherInput("in".into())));
+        assert_eq!(change(2, "other", k, Some(&keys::offset(41))), Ok(Change::Offset(41)));
     }
 
     #[test]

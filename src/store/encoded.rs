@@ -209,7 +209,7 @@ impl Batch {
     /// as the batch's one outbox value when it writes. With a `changelog`
     /// topic, the batch's changelog records (see [`super::changelog`]) follow
     /// the outputs in the outbox.
-    pub fn encode(self, changelog: Option<&str>) -> Encoded {
+    pub fn encode(self, changelog: Option<super::changelog::Target<'_>>) -> Encoded {
         let mut part = Part {
             bytes: Vec::with_capacity(256 * self.timeline.len() + 4096),
             writes: Vec::new(),
@@ -252,8 +252,8 @@ impl Batch {
         for (p, next) in &self.offsets {
             part.put_bytes(Family::Offsets, &keys::partition_prefix(*p), &keys::offset(*next));
         }
-        if let Some(topic) = changelog {
-            let records = super::changelog::records(&part, topic);
+        if let Some(to) = changelog {
+            let records = super::changelog::records(&part, to);
             part.outbox.extend(records);
         }
         Encoded { parts: vec![part] }

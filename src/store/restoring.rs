@@ -77,7 +77,9 @@ impl Tail {
     pub fn of_records(partition: i32, records: &[(Vec<u8>, Option<Vec<u8>>)]) -> Tail {
         let keys = records
             .iter()
-            .filter_map(|(k, v)| match change(partition, k, v.as_deref()) {
+            // Only the writes count: the input an offsets record names
+            // is not checked here ("" matches no named one).
+            .filter_map(|(k, v)| match change(partition, "", k, v.as_deref()) {
                 Ok(Change::Write { family, key, .. }) => Some((family, key.to_vec())),
                 _ => None,
             })
@@ -166,8 +168,9 @@ fn stage<'k>(
     key: &'k [u8],
     value: Option<&'k [u8]>,
 ) -> Result<Change<'k>, StoreError> {
-    let found = change(partition, key, value).map_err(|e| match e {
+    let found = change(partition, &store.topic, key, value).map_err(|e| match e {
         Unreadable::Format(found) => StoreError::ChangelogFormat { found: found.into(), expected: FORMAT },
+        Unreadable::OtherInput(found) => StoreError::ChangelogInput { found, expected: store.topic.clone() },
         Unreadable::Malformed => StoreError::Corrupt {
             what: "changelog record",
             reason: format!("key {key:02x?} is not a changelog key of partition {partition}"),
@@ -232,7 +235,8 @@ impl Store {
             }
         }
         if let Some(next) = next {
-            out.push(record(topic, Family::Offsets, &keys::partition_prefix(partition), Some(&keys::offset(next))));
+            let value = super::changelog::offsets_value(next, &self.topic);
+            out.push(record(topic, Family::Offsets, &keys::partition_prefix(partition), Some(&value)));
         }
         Ok(out)
     }

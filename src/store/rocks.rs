@@ -69,6 +69,15 @@ pub enum StoreError {
         /// The format this version reads.
         expected: u32,
     },
+    /// The changelog holds the state of another input topic (two pipelines
+    /// share one changelog topic name).
+    #[error("the changelog holds the state of input topic {found:?}, not {expected:?}: give each input its own [topics] changelog")]
+    ChangelogInput {
+        /// The input its offsets record names.
+        found: String,
+        /// This store's input.
+        expected: String,
+    },
     /// The directory holds a store format this version does not read.
     #[error(
         "state directory {dir} holds store format {found}, this version reads format {expected}: rebuild it with `reconciler replay` into a new directory (or delete it to rebuild from the log)"
@@ -118,6 +127,9 @@ pub struct Store {
     pub(super) db: DB,
     logging: Logging,
     next_outbox_seq: AtomicU64,
+    /// The input topic the state is of (its changelog's offsets records
+    /// name it, see [`super::changelog`]).
+    pub(super) topic: String,
 }
 
 fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
@@ -205,7 +217,7 @@ impl Store {
             ColumnFamilyDescriptor::new(*n, cf)
         });
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
-        let store = Store { db, logging, next_outbox_seq: AtomicU64::new(0) };
+        let store = Store { db, logging, next_outbox_seq: AtomicU64::new(0), topic: topic.to_owned() };
         if !store.topic_matches(dir, topic)? {
             store.db.put_cf(store.cf(META), b"topic", topic.as_bytes())?;
         }
@@ -233,7 +245,12 @@ impl Store {
             return Err(StoreError::MissingFamily { dir: dir.display().to_string(), family });
         }
         let db = DB::open_cf_as_secondary(&opts, dir, scratch, FAMILIES)?;
-        let store = Store { db, logging: Logging::Wal { sync: false }, next_outbox_seq: AtomicU64::new(0) };
+        let store = Store {
+            db,
+            logging: Logging::Wal { sync: false },
+            next_outbox_seq: AtomicU64::new(0),
+            topic: topic.to_owned(),
+        };
         store.topic_matches(dir, topic)?;
         // A reader must not misread another version's values either.
         store.format_matches(dir)?;

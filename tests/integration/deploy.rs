@@ -54,8 +54,15 @@ fn strings(v: &Value) -> Vec<String> {
 fn env_of(svc: &Value) -> BTreeMap<String, String> {
     svc["environment"]
         .as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().expect("env values are strings").to_owned())).collect())
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), defaults(v.as_str().expect("env values are strings")))).collect())
         .unwrap_or_default()
+}
+
+/// `value` as compose sets it when the variables it names are unset:
+/// each `${NAME:-default}` becomes its default.
+fn defaults(value: &str) -> String {
+    let re = regex::Regex::new(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}").unwrap();
+    re.replace_all(value, "$1").into_owned()
 }
 
 /// "HOST:CONTAINER" port mappings of a service, container side.
@@ -162,8 +169,19 @@ fn reconciler_service_config_is_valid_and_agrees_with_the_stack() {
             at = at.get(p).unwrap_or_else(|| panic!("{k} names no configuration key"));
         }
         // Secrets are printed masked: present is all that can be seen.
-        let shown = at.as_str().expect("a string setting");
-        assert!(shown == v || shown == reconciler::config::REDACTED, "{k} was not applied: {shown}");
+        let shown: Vec<&str> = match at.as_array() {
+            Some(list) => list.iter().map(|x| x.as_str().expect("a list of strings")).collect(),
+            None => vec![at.as_str().expect("a string setting")],
+        };
+        let as_toml = toml::from_str::<toml::Table>(&format!("v = {v}")).ok().and_then(|t| t.get("v").cloned());
+        let given: Vec<String> = match as_toml {
+            Some(toml::Value::Array(list)) => list.iter().map(|x| x.as_str().unwrap_or_default().to_owned()).collect(),
+            _ => vec![v.clone()],
+        };
+        assert_eq!(shown.len(), given.len(), "{k} was not applied: {shown:?}");
+        for (s, g) in shown.iter().zip(&given) {
+            assert!(s == g || *s == reconciler::config::REDACTED, "{k} was not applied: {shown:?}");
+        }
     }
 
     // The HTTP port: published, health-checked, exposed and scraped.

@@ -391,7 +391,41 @@ fn endpoints_that_change_state_require_the_bearer_token() {
         assert_eq!(code, 401, "{path} with a wrong token: {text}");
         let (code, _) = request(served.addr(), "POST", path, &[("Authorization", TOKEN)], body);
         assert_eq!(code, 401, "{path} without the Bearer scheme");
+        // Issue 18: a page of another origin may not change state, even
+        // with the token; the panel's own origin may.
+        let auth = format!("Bearer {TOKEN}");
+        let foreign = [("Authorization", auth.as_str()), ("Origin", "https://evil.example")];
+        let (code, text) = request(served.addr(), "POST", path, &foreign, body);
+        assert_eq!(code, 403, "{path} from another origin: {text}");
+        assert!(text.contains("CSRF"), "{text}");
+        let cross = [("Authorization", auth.as_str()), ("Sec-Fetch-Site", "cross-site")];
+        assert_eq!(request(served.addr(), "POST", path, &cross, body).0, 403, "{path} cross-site");
+        let own = format!("http://{}", served.addr());
+        let same = [("Authorization", auth.as_str()), ("Origin", own.as_str()), ("Sec-Fetch-Site", "same-origin")];
+        let (code, text) = request(served.addr(), "POST", path, &same, body);
+        assert!(code != 403 && code != 401, "{path} from its own origin is let through: {code} {text}");
+        // A body over the limit is refused before it is read.
+        let big = format!(r#"{{"decision":"CLOSE","actor":"a","note":"{}"}}"#, "n".repeat(70 * 1024));
+        let (code, text) = request(served.addr(), "POST", path, &[("Authorization", auth.as_str())], &big);
+        assert_eq!(code, 413, "{path} with a 70 KiB body: {text}");
     }
+    served.stop();
+
+    // Behind a proxy that names the caller: the actor is the caller.
+    let mut cfg = quiet_config("http-actor");
+    cfg.http.actor_header = Some("X-Forwarded-User".into());
+    let served = Served::start(&cfg);
+    let auth = format!("Bearer {TOKEN}");
+    let path = "/api/operations/op-1/resolve";
+    let (code, text) = request(served.addr(), "POST", path, &[("Authorization", &auth)], body);
+    assert_eq!(code, 401, "no caller named: {text}");
+    assert!(text.contains("X-Forwarded-User"), "{text}");
+    let as_bob = [("Authorization", auth.as_str()), ("X-Forwarded-User", "bob")];
+    let (code, text) = request(served.addr(), "POST", path, &as_bob, body);
+    assert_eq!(code, 403, "bob may not decide as a: {text}");
+    let as_a = [("Authorization", auth.as_str()), ("X-Forwarded-User", "a")];
+    let (code, text) = request(served.addr(), "POST", path, &as_a, body);
+    assert_eq!(code, 404, "the caller named in the body: past the checks, op-1 is unknown: {text}");
     served.stop();
 
     // No token configured: the endpoints are off, whatever is sent.
@@ -609,10 +643,15 @@ fn run_serves_http_from_its_config_and_logs_json_lines_that_name_the_operation()
         .env("RECONCILER_TOPICS__ANOMALIES", &t.anomalies)
         .env("RECONCILER_TOPICS__DLQ", &t.dlq)
         .env("RECONCILER_TOPICS__COMMANDS", &t.commands)
+        // Its own changelog and fleet too: a second run of this test on the
+        // same broker would otherwise restore the first one's state.
+        .env("RECONCILER_TOPICS__CHANGELOG", &t.changelog)
+        .env("RECONCILER_TOPICS__FLEET", &t.fleet)
         .env("RECONCILER_TOPICS__PARTITIONS", "3")
         .env("RECONCILER_TIME__REORDER_WINDOW_MS", "3600000")
         .env("RECONCILER_HTTP__BIND", "127.0.0.1:0")
         .env("RECONCILER_HTTP__TOKEN", TOKEN)
+        .env("RECONCILER_SECURITY__CONTROL_KEYS", format!("[{:?}]", common::CONTROL_KEY))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -26,6 +26,7 @@ mod probe;
 mod prometheus;
 mod reliability;
 mod scale;
+mod security;
 
 // The tests link the library with its crash points.
 const _: () = assert!(reconciler::pipeline::faults::ARMED, "the crash points are compiled in");

@@ -52,6 +52,7 @@ fn cli(cfg: &Config, args: &[&str]) -> (bool, String, String) {
         .env("RECONCILER_TOPICS__DLQ", &t.dlq)
         .env("RECONCILER_TOPICS__COMMANDS", &t.commands)
         .env("RECONCILER_CONSUMER__MAX_RECORD_BYTES", cfg.consumer.max_record_bytes.to_string())
+        .env("RECONCILER_SECURITY__CONTROL_KEYS", format!("[{:?}]", common::CONTROL_KEY))
         .output()
         .expect("the binary runs");
     (

@@ -12,7 +12,8 @@ use reconciler::core::Event;
 use reconciler::loadgen::{Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
-use reconciler::records::{event_record, OutboxRecord, Record};
+use reconciler::records::{event_record, signed, OutboxRecord, Record};
+use reconciler::signature::ControlKeys;
 use reconciler::store::{changelog, Batch, Restored, Store};
 
 const PARTITIONS: i32 = 3;
@@ -28,7 +29,7 @@ impl Drop for Dir {
 fn open(name: &str) -> (Store, Dir) {
     let dir = std::env::temp_dir().join(format!("reconciler-changelog-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    (Store::open(&dir, "t.events", false).unwrap(), Dir(dir))
+    (Store::open(&dir, &Config::default().topics.events, false).unwrap(), Dir(dir))
 }
 
 /// Everything the store holds of the partitions.
@@ -43,11 +44,13 @@ fn state(store: &Store) -> Vec<(String, Vec<u8>, Vec<u8>)> {
 /// left, retention's included. Returns the changelog records in order.
 fn workload(store: &Store, cfg: &Config) -> Vec<OutboxRecord> {
     let (policy, codec) = (cfg.policy(), Codec::new());
+    // Timers and decisions signed as the reconciler signs them.
+    let keys = ControlKeys::new([b"offline-changelog-test-key".to_vec()]);
     let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
-    let applier = Applier::new(cfg, store, &policy, &codec, &metrics);
+    let applier = Applier::new(cfg, store, &policy, &codec, &keys, &metrics);
     let mut topic = MemoryTopic::new(PARTITIONS);
     let mut records: Vec<Record> = Generator::new(Options::preload(1_500, 5, 1_700_000_000_000))
-        .map(|p| topic.append(p.record.to_outbox(&codec, &cfg.topics.events).unwrap()))
+        .map(|p| topic.append(p.record.to_outbox(&codec, &keys, &cfg.topics.events).unwrap()))
         .collect();
     let (mut next, mut stats) = ((0..PARTITIONS).map(|p| (p, 0)).collect(), Stats::default());
     let mut log = Vec::new();
@@ -64,7 +67,7 @@ fn workload(store: &Store, cfg: &Config) -> Vec<OutboxRecord> {
         for p in 0..PARTITIONS {
             for t in store.due_timers(p, i64::MAX / 4, usize::MAX).unwrap() {
                 let ev = Event::deadline_reached(&t.operation_id, &t.entity_id, &t.operation_type, t.at);
-                let rec = event_record(&codec, &cfg.topics.events, &ev).unwrap();
+                let rec = signed(event_record(&codec, &cfg.topics.events, &ev).unwrap(), &keys);
                 records.push(topic.append_to(p, rec));
             }
         }
@@ -222,4 +225,28 @@ fn a_batch_cut_short_at_the_end_of_the_changelog_is_left_out_and_set_back() {
     assert_eq!((only.next, tail.complete_to), (None, None));
     f.forget_partition(0).unwrap();
     assert!(f.undo(0, &tail, None, "t.state").unwrap().iter().all(|r| r.value.is_none()));
+}
+
+/// Two pipelines of different inputs pointed at one changelog topic: the
+/// offsets records name their input, and a restore into the state of
+/// another input stops there (the partition then replays its own input).
+#[test]
+fn a_changelog_of_another_input_is_not_restored() {
+    let cfg = Config::default();
+    let (a, _da) = open("input-source");
+    let log = workload(&a, &cfg);
+    let dir = std::env::temp_dir().join(format!("reconciler-changelog-other-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let other = Store::open(&dir, "another.events", false).unwrap();
+    let _d = Dir(dir);
+    let p0 = of_partition(&log, 0);
+    let mut into = other.restoring(0);
+    let err = p0
+        .iter()
+        .enumerate()
+        .find_map(|(at, r)| into.apply(at as i64, r.key.as_deref().unwrap(), r.value.as_deref()).err())
+        .expect("refused at the first offsets record");
+    assert!(err.to_string().contains(&format!("input topic {:?}, not \"another.events\"", cfg.topics.events)), "{err}");
+    into.abandon().unwrap();
+    assert_eq!(other.next_offset(0).unwrap(), None, "nothing restored");
 }

@@ -5,7 +5,7 @@ use std::process::Command;
 
 fn reconciler(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_reconciler"));
-    cmd.args(args);
+    cmd.args(args).env_remove("RECONCILER_SECURITY__CONTROL_KEYS");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -42,6 +42,19 @@ fn bad_environment_override_fails_naming_the_field() {
     let (ok, out) = reconciler(&["run"], &[("RECONCILER_TOPICS__PARTITIONS", "0")]);
     assert!(!ok);
     assert!(out.contains("topics.partitions"), "{out}");
+}
+
+/// Issue 18: an instance that could neither sign its timers nor accept a
+/// decision does not start; the error names the field and the way out.
+#[test]
+fn run_without_control_keys_fails_at_start_naming_the_field() {
+    let (ok, out) = reconciler(&["run"], &[]);
+    assert!(!ok);
+    assert!(out.contains("security.control_keys") && out.contains("RECONCILER_SECURITY__CONTROL_KEYS"), "{out}");
+    assert!(out.contains("allow_unsigned_control"), "{out}");
+    let (ok, out) = reconciler(&["run"], &[("RECONCILER_SECURITY__CONTROL_KEYS", "[\"short\"]")]);
+    assert!(!ok);
+    assert!(out.contains("security.control_keys[0]") && out.contains("at least 16"), "{out}");
 }
 
 #[test]

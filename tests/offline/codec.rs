@@ -153,6 +153,43 @@ fn verdict_of_schema_version_1_decodes_with_defaults() {
     assert_eq!(decoded, old);
 }
 
+/// An anomaly written with version 1 of the Anomaly schema (no producer,
+/// no FORGED_CONTROL_EVENT) decodes with the producer's default, for a
+/// reader upgraded before the topic's writers.
+#[test]
+fn anomaly_of_schema_version_1_decodes_with_defaults() {
+    let codec = Codec::new();
+    let v1 = codec.schemas().all().find(|w| w.file == "history/anomaly.v1.avsc").expect("v1 shipped");
+    let a = Anomaly {
+        anomaly_id: "a".into(),
+        kind: AnomalyKind::LateEvent,
+        operation_id: "op".into(),
+        entity_id: "e".into(),
+        operation_type: "t".into(),
+        event_id: "ev".into(),
+        seq: Some(2),
+        expected_seq: Some(4),
+        missing_seqs: vec![],
+        detected_at: 5,
+        detail: "d".into(),
+        source_partition: 1,
+        source_offset: 2,
+        producer: None,
+    };
+    let Value::Record(mut fields) = apache_avro::to_value(&a).unwrap() else { panic!("a record") };
+    fields.retain(|(k, _)| k != "producer");
+    let value = Value::Record(fields).resolve(&v1.schema).unwrap();
+    let mut bytes = v1.header();
+    bytes.extend(apache_avro::to_avro_datum(&v1.schema, value).unwrap());
+    assert_eq!(codec.decode_anomaly(&bytes).unwrap(), a);
+    // And version 1 has no symbol for the new kind: a v1 reader must be
+    // upgraded before FORGED_CONTROL_EVENT can be read (README, schemas).
+    let forged = Anomaly { kind: AnomalyKind::ForgedControlEvent, producer: Some("svc".into()), ..a };
+    let Value::Record(mut fields) = apache_avro::to_value(&forged).unwrap() else { panic!("a record") };
+    fields.retain(|(k, _)| k != "producer");
+    assert!(Value::Record(fields).resolve(&v1.schema).is_err(), "v1 cannot hold the new kind");
+}
+
 #[test]
 fn outputs_round_trip() {
     let codec = Codec::new();
@@ -173,6 +210,7 @@ fn outputs_round_trip() {
             detail: "d".into(),
             source_partition: 1,
             source_offset: 2,
+            producer: (kind == AnomalyKind::ForgedControlEvent).then(|| "svc".into()),
         };
         assert_eq!(codec.decode_anomaly(&codec.encode_anomaly(&a).unwrap()).unwrap(), a);
     }

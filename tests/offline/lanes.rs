@@ -10,6 +10,7 @@ use reconciler::loadgen::{Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
 use reconciler::records::{OutboxRecord, Record};
+use reconciler::signature::ControlKeys;
 use reconciler::store::Store;
 
 /// Outputs by key, in order; the stored state (family, key, value); the counts.
@@ -25,10 +26,11 @@ fn run(lanes: usize) -> Run {
     let cfg = Config::default();
     let (policy, codec) = (cfg.policy(), Codec::new());
     let metrics = Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types);
-    let applier = Applier { lanes, ..Applier::new(&cfg, &store, &policy, &codec, &metrics) };
+    let keys = ControlKeys::new([b"offline-lanes-test-key".to_vec()]);
+    let applier = Applier { lanes, ..Applier::new(&cfg, &store, &policy, &codec, &keys, &metrics) };
     let mut topic = MemoryTopic::new(6);
     let records: Vec<Record> = Generator::new(Options::preload(3_000, 11, 1_700_000_000_000))
-        .map(|p| topic.append(p.record.to_outbox(&codec, &cfg.topics.events).unwrap()))
+        .map(|p| topic.append(p.record.to_outbox(&codec, &keys, &cfg.topics.events).unwrap()))
         .collect();
     let (mut next, mut stats) = ((0..6).map(|p| (p, 0)).collect(), Stats::default());
     let mut by_key: BTreeMap<Vec<u8>, Vec<OutboxRecord>> = BTreeMap::new();

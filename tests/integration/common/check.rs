@@ -83,6 +83,7 @@ pub struct Reference {
 pub fn reference(cfg: &Config, input: &[Record]) -> Reference {
     let codec = Codec::new();
     let policy = cfg.policy();
+    let keys = cfg.security.loaded();
     let mut sorted: Vec<&Record> = input.iter().collect();
     sorted.sort_by_key(|r| (r.partition, r.offset));
     let mut r = Reference {
@@ -103,7 +104,8 @@ pub fn reference(cfg: &Config, input: &[Record]) -> Reference {
             Ok(ev) => {
                 let engine = r.engines.entry(rec.partition).or_default();
                 let pos = SourcePos { partition: rec.partition, offset: rec.offset };
-                let d = engine.process(&policy, ev, pos, &mut out);
+                let auth = reconciler::records::authenticity(&keys, rec, &ev);
+                let d = engine.process_checked(&policy, ev, auth, pos, &mut out);
                 *counts.entry(d.as_str()).or_default() += 1;
                 out.drain(..).map(|o| output_record(&codec, &cfg.topics, &o).unwrap()).collect()
             }

@@ -39,6 +39,11 @@ pub fn write_config(cfg: &Config, dir: &Path) -> PathBuf {
     for (k, v) in &cfg.kafka {
         toml.push_str(&format!("{k:?} = {v:?}\n"));
     }
+    let s = &cfg.security;
+    toml.push_str(&format!(
+        "[security]\ncontrol_keys = {:?}\nallow_unsigned_control = {}\n",
+        s.control_keys, s.allow_unsigned_control
+    ));
     if cfg.guarantee == reconciler::config::Guarantee::ExactlyOnce {
         // Top-level keys go before the first table.
         toml.insert_str(0, "guarantee = \"exactly_once\"\n");

@@ -55,6 +55,10 @@ pub fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// The control key of every test config (issue 18): the instances, the
+/// operator tools and loadgen all sign and verify with it.
+pub const CONTROL_KEY: &str = "integration-tests-control-key";
+
 /// A config with its own topics, group and state directory.
 pub fn config(name: &str) -> Config {
     let id = unique(name);
@@ -64,6 +68,7 @@ pub fn config(name: &str) -> Config {
     cfg.consumer.group_id = format!("{id}.group");
     cfg.consumer.batch_wait_ms = 20;
     cfg.state_dir = temp_dir(&format!("{name}-state"));
+    cfg.security.control_keys = vec![CONTROL_KEY.into()];
     cfg
 }
 
