@@ -153,7 +153,7 @@ pub fn authenticity(keys: &ControlKeys, r: &Record, ev: &Event) -> Authenticity 
         return Authenticity::Unsigned;
     }
     let value = r.value.as_deref().unwrap_or_default();
-    keys.check(r.key.as_deref(), value, r.header(crate::signature::HEADER))
+    keys.check(&r.topic, r.key.as_deref(), value, r.header(crate::signature::HEADER))
 }
 
 /// The dead letter of `r` for dead-letter topic `topic`: the provenance
@@ -198,7 +198,7 @@ pub fn event_record(codec: &Codec, topic: &str, ev: &Event) -> Result<OutboxReco
 /// only an instance with `security.allow_unsigned_control` applies).
 pub fn signed(mut record: OutboxRecord, keys: &ControlKeys) -> OutboxRecord {
     let value = record.value.as_deref().unwrap_or_default();
-    if let Some(sig) = keys.sign(record.key.as_deref(), value) {
+    if let Some(sig) = keys.sign(&record.topic, record.key.as_deref(), value) {
         record.headers.push((crate::signature::HEADER.to_owned(), Some(sig)));
     }
     record

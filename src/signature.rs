@@ -8,8 +8,11 @@
 //! then moved to the front, and the old one is dropped once no record
 //! signed with it is left to replay (the input's retention).
 //!
-//! The MAC input is a domain tag, the key's length, the key and the value,
-//! so no (key, value) pair can be shifted into another with the same MAC.
+//! The MAC input is a domain tag, the topic, the key's length, the key and
+//! the value (lengths before the variable parts), so no (topic, key, value)
+//! can be shifted into another with the same MAC, and a signed record
+//! copied into another topic (another environment's input with the same
+//! keys) does not verify there.
 //! The check is pure: the same keys give the same [`Authenticity`] on a
 //! replay of the same log. Comparisons are constant-time (the `hmac`
 //! crate's `verify_slice`).
@@ -53,20 +56,20 @@ impl ControlKeys {
         self.keys.is_empty()
     }
 
-    /// The signature of a record with `key` and `value` under the first
-    /// key, as the [`HEADER`] value; `None` without keys.
-    pub fn sign(&self, key: Option<&[u8]>, value: &[u8]) -> Option<Vec<u8>> {
+    /// The signature of a record of `topic` with `key` and `value` under
+    /// the first key, as the [`HEADER`] value; `None` without keys.
+    pub fn sign(&self, topic: &str, key: Option<&[u8]>, value: &[u8]) -> Option<Vec<u8>> {
         let first = self.keys.first()?;
-        let tag = mac(first, key, value).finalize().into_bytes();
+        let tag = mac(first, topic, key, value).finalize().into_bytes();
         Some(hex(&tag).into_bytes())
     }
 
-    /// What `header` (the [`HEADER`] value, if any) proves of a record with
-    /// `key` and `value`.
-    pub fn check(&self, key: Option<&[u8]>, value: &[u8], header: Option<&[u8]>) -> Authenticity {
+    /// What `header` (the [`HEADER`] value, if any) proves of a record of
+    /// `topic` with `key` and `value`.
+    pub fn check(&self, topic: &str, key: Option<&[u8]>, value: &[u8], header: Option<&[u8]>) -> Authenticity {
         let Some(header) = header else { return Authenticity::Unsigned };
         let Some(tag) = unhex(header) else { return Authenticity::BadSignature };
-        if self.keys.iter().any(|k| mac(k, key, value).verify_slice(&tag).is_ok()) {
+        if self.keys.iter().any(|k| mac(k, topic, key, value).verify_slice(&tag).is_ok()) {
             Authenticity::Signed
         } else {
             Authenticity::BadSignature
@@ -75,21 +78,24 @@ impl ControlKeys {
 }
 
 /// Whether secrets `a` and `b` are equal, in time that depends on neither
-/// where they differ nor (beyond HMAC's key setup) their lengths: both are
-/// reduced to an HMAC under themselves and the tags compared with the
-/// `hmac` crate's constant-time check. For the HTTP bearer token.
+/// where they differ nor their lengths: both are hashed (as messages, so
+/// `t` and `t\0` differ) under a fixed HMAC key and the tags compared with
+/// the `hmac` crate's constant-time check. For the HTTP bearer token.
 pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    let tag = |k: &[u8]| {
-        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(k).expect("HMAC takes keys of any length");
-        m.update(b"reconciler.secret-compare.v1");
+    let tag = |secret: &[u8]| {
+        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(b"reconciler.secret-compare.v1")
+            .expect("HMAC takes keys of any length");
+        m.update(secret);
         m
     };
     tag(a).verify_slice(&tag(b).finalize().into_bytes()).is_ok()
 }
 
-fn mac(secret: &[u8], key: Option<&[u8]>, value: &[u8]) -> Hmac<Sha256> {
+fn mac(secret: &[u8], topic: &str, key: Option<&[u8]>, value: &[u8]) -> Hmac<Sha256> {
     let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes keys of any length");
     m.update(DOMAIN);
+    m.update(&(topic.len() as u64).to_be_bytes());
+    m.update(topic.as_bytes());
     let key = key.unwrap_or_default();
     m.update(&(key.len() as u64).to_be_bytes());
     m.update(key);
@@ -126,33 +132,35 @@ mod tests {
     #[test]
     fn the_first_key_signs_and_every_key_verifies() {
         let (old, new) = ("old-key-0123456789", "new-key-0123456789");
-        let by_old = keys(&[old]).sign(Some(b"e"), b"value").unwrap();
-        let by_new = keys(&[new, old]).sign(Some(b"e"), b"value").unwrap();
+        let by_old = keys(&[old]).sign("t", Some(b"e"), b"value").unwrap();
+        let by_new = keys(&[new, old]).sign("t", Some(b"e"), b"value").unwrap();
         assert_ne!(by_old, by_new, "the first key signs");
         let both = keys(&[new, old]);
-        assert_eq!(both.check(Some(b"e"), b"value", Some(&by_old)), Authenticity::Signed);
-        assert_eq!(both.check(Some(b"e"), b"value", Some(&by_new)), Authenticity::Signed);
+        assert_eq!(both.check("t", Some(b"e"), b"value", Some(&by_old)), Authenticity::Signed);
+        assert_eq!(both.check("t", Some(b"e"), b"value", Some(&by_new)), Authenticity::Signed);
         // Rotated out: the old key's signatures are refused.
-        assert_eq!(keys(&[new]).check(Some(b"e"), b"value", Some(&by_old)), Authenticity::BadSignature);
+        assert_eq!(keys(&[new]).check("t", Some(b"e"), b"value", Some(&by_old)), Authenticity::BadSignature);
     }
 
     #[test]
     fn a_signature_covers_key_and_value() {
         let k = keys(&["k-0123456789abcdef"]);
-        let sig = k.sign(Some(b"e1"), b"value").unwrap();
-        assert_eq!(k.check(Some(b"e1"), b"value", Some(&sig)), Authenticity::Signed);
-        assert_eq!(k.check(Some(b"e2"), b"value", Some(&sig)), Authenticity::BadSignature);
-        assert_eq!(k.check(Some(b"e1"), b"valuf", Some(&sig)), Authenticity::BadSignature);
-        assert_eq!(k.check(None, b"value", Some(&sig)), Authenticity::BadSignature);
+        let sig = k.sign("t", Some(b"e1"), b"value").unwrap();
+        assert_eq!(k.check("t", Some(b"e1"), b"value", Some(&sig)), Authenticity::Signed);
+        assert_eq!(k.check("t", Some(b"e2"), b"value", Some(&sig)), Authenticity::BadSignature);
+        assert_eq!(k.check("t", Some(b"e1"), b"valuf", Some(&sig)), Authenticity::BadSignature);
+        assert_eq!(k.check("t", None, b"value", Some(&sig)), Authenticity::BadSignature);
+        // The topic is in the MAC: a copy in another topic does not verify.
+        assert_eq!(k.check("u", Some(b"e1"), b"value", Some(&sig)), Authenticity::BadSignature);
         // The key's length is in the MAC: moving bytes between key and value fails.
-        assert_eq!(k.check(Some(b"e1v"), b"alue", Some(&sig)), Authenticity::BadSignature);
-        assert_eq!(k.check(Some(b"e1"), b"value", None), Authenticity::Unsigned);
-        assert_eq!(k.check(Some(b"e1"), b"value", Some(b"not hex")), Authenticity::BadSignature);
+        assert_eq!(k.check("t", Some(b"e1v"), b"alue", Some(&sig)), Authenticity::BadSignature);
+        assert_eq!(k.check("t", Some(b"e1"), b"value", None), Authenticity::Unsigned);
+        assert_eq!(k.check("t", Some(b"e1"), b"value", Some(b"not hex")), Authenticity::BadSignature);
         let upper = String::from_utf8(sig.clone()).unwrap().to_uppercase();
-        assert_eq!(k.check(Some(b"e1"), b"value", Some(upper.as_bytes())), Authenticity::Signed);
+        assert_eq!(k.check("t", Some(b"e1"), b"value", Some(upper.as_bytes())), Authenticity::Signed);
         let mut flipped = sig.clone();
         flipped[0] = if flipped[0] == b'0' { b'1' } else { b'0' };
-        assert_eq!(k.check(Some(b"e1"), b"value", Some(&flipped)), Authenticity::BadSignature);
+        assert_eq!(k.check("t", Some(b"e1"), b"value", Some(&flipped)), Authenticity::BadSignature);
     }
 
     #[test]
@@ -161,14 +169,15 @@ mod tests {
         assert!(!same_secret(b"t0k3n", b"t0k3m"));
         assert!(!same_secret(b"t0k3n", b"t0k3"));
         assert!(!same_secret(b"", b"x"));
+        assert!(!same_secret(b"t", b"t\0"), "not HMAC's zero-padded keys");
     }
 
     #[test]
     fn no_keys_sign_nothing_and_verify_nothing() {
         let none = ControlKeys::default();
-        assert_eq!(none.sign(Some(b"e"), b"v"), None);
-        let sig = keys(&["k-0123456789abcdef"]).sign(Some(b"e"), b"v").unwrap();
-        assert_eq!(none.check(Some(b"e"), b"v", Some(&sig)), Authenticity::BadSignature);
+        assert_eq!(none.sign("t", Some(b"e"), b"v"), None);
+        let sig = keys(&["k-0123456789abcdef"]).sign("t", Some(b"e"), b"v").unwrap();
+        assert_eq!(none.check("t", Some(b"e"), b"v", Some(&sig)), Authenticity::BadSignature);
         assert!(!format!("{:?}", keys(&["secret-0123456789"])).contains("secret"));
     }
 }

@@ -50,24 +50,48 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// URL, an origin besides the `Host` the request names.
 pub(super) fn cross_site(headers: &HeaderMap, advertised: Option<&str>) -> Option<Response> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(site) = get("sec-fetch-site").filter(|s| !matches!(*s, "same-origin" | "none")) {
-        return Some(error(
-            StatusCode::FORBIDDEN,
-            &format!(
+    match get("sec-fetch-site") {
+        // Set by the browser, never by a page's script: the panel's own
+        // request, whatever a proxy did to Host on the way.
+        Some("same-origin") => return None,
+        Some(site) if site != "none" => {
+            return Some(error(
+                StatusCode::FORBIDDEN,
+                &format!(
                 "refused: a {site} request may not change state here (CSRF); use the panel of this instance or the CLI"
             ),
-        ));
+            ))
+        }
+        _ => {}
     }
     let origin = get(header::ORIGIN.as_str())?;
-    let authority = |url: &str| url.split_once("://").map_or(url, |(_, rest)| rest).trim_end_matches('/').to_owned();
-    let own = [get(header::HOST.as_str()).map(str::to_owned), advertised.map(authority)];
-    if own.iter().flatten().any(|o| *o == authority(origin)) {
+    let own = [get(header::HOST.as_str()).map(authority), advertised.map(|a| authority(&url_authority(a)))];
+    if own.iter().flatten().any(|o| *o == authority(&url_authority(origin))) {
         return None;
     }
     Some(error(
         StatusCode::FORBIDDEN,
         &format!("refused: a request from origin {origin} may not change state here (CSRF); use the panel of this instance or the CLI"),
     ))
+}
+
+/// The `host[:port]` of URL `url` (scheme and path dropped).
+fn url_authority(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or_default().to_owned()
+}
+
+/// A `host[:port]` as compared here: without case and without a default
+/// port (a `Host` header and an `Origin` may each leave it out, and TLS may
+/// end at a proxy in front, so the scheme says nothing about it).
+fn authority(hostport: &str) -> String {
+    let h = hostport.to_ascii_lowercase();
+    for default in [":80", ":443"] {
+        if let Some(bare) = h.strip_suffix(default) {
+            return bare.to_owned();
+        }
+    }
+    h
 }
 
 /// The actor of a decision: with `[http] actor_header` configured (set by
@@ -77,6 +101,11 @@ pub(super) fn cross_site(headers: &HeaderMap, advertised: Option<&str>) -> Optio
 /// they are).
 pub(super) fn actor(actor_header: Option<&str>, headers: &HeaderMap, claimed: &str) -> Result<String, Box<Response>> {
     let Some(name) = actor_header else { return Ok(claimed.to_owned()) };
+    if headers.get_all(name).iter().count() > 1 {
+        // A proxy that appends rather than replaces: the first value may
+        // be the client's own.
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, &format!("header {name} is given more than once"))));
+    }
     let caller = headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|c| !c.is_empty());
     let Some(caller) = caller else {
         return Err(Box::new(unauthorized(&format!(
@@ -121,6 +150,14 @@ mod tests {
             refused(&[("host", "10.0.0.7:9464"), ("origin", "https://recon.example")], Some("https://recon.example/")),
             None
         );
+        assert_eq!(
+            refused(&[("host", "Recon.Example"), ("origin", "https://recon.example:443")], None),
+            None,
+            "case, default port"
+        );
+        let proxied =
+            [("host", "internal:9464"), ("origin", "https://recon.example"), ("sec-fetch-site", "same-origin")];
+        assert_eq!(refused(&proxied, None), None, "a proxy rewrote Host: the browser's same-origin stands");
         let evil = [("host", "127.0.0.1:9464"), ("origin", "https://evil.example")];
         assert_eq!(refused(&evil, None), Some(StatusCode::FORBIDDEN));
         assert_eq!(refused(&[("sec-fetch-site", "cross-site")], None), Some(StatusCode::FORBIDDEN));
@@ -141,6 +178,9 @@ mod tests {
             actor(Some("x-forwarded-user"), &HeaderMap::new(), "ana").unwrap_err().status(),
             StatusCode::UNAUTHORIZED
         );
+        let mut twice = with(&[("x-forwarded-user", "ana")]);
+        twice.append("x-forwarded-user", "mallory".parse().unwrap());
+        assert_eq!(actor(Some("x-forwarded-user"), &twice, "").unwrap_err().status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]

@@ -29,10 +29,14 @@ struct Watch {
 impl ClientContext for Watch {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         let code = error.rdkafka_error_code();
+        // By code, or by the phrases of a refusal: not "SASL" alone, which
+        // librdkafka's guess at any early disconnect contains ("broker
+        // might require SASL authentication"), nor a bare TLS handshake
+        // failure, which a reset mid-handshake gives too.
         let refused =
             matches!(code, Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed))
-                || reason.contains("SSL handshake failed")
-                || reason.contains("SASL");
+                || reason.contains("SASL authentication error")
+                || reason.contains("certificate verify failed");
         if refused {
             self.refused.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.to_owned());
         } else {

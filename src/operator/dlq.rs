@@ -24,6 +24,14 @@ use crate::records::{headers, OutboxRecord};
 
 /// Prefix of the headers the reconciler adds to dead letters.
 pub const PROVENANCE_PREFIX: &str = "reconciler.";
+
+/// Whether header `name` is one the reconciler added to a dead letter
+/// (stripped on a re-drive). A control event's signature
+/// ([`crate::signature::HEADER`]) shares the prefix but belongs to the
+/// record: a re-driven decision keeps it, and is applied only with it.
+fn provenance(name: &str) -> bool {
+    name.starts_with(PROVENANCE_PREFIX) && name != crate::signature::HEADER
+}
 /// Added to a re-driven record: where its dead letter was.
 pub use crate::records::headers::REDRIVEN_FROM;
 
@@ -137,7 +145,7 @@ pub fn dead_letter(r: Record) -> DeadLetter {
         headers: r
             .headers
             .iter()
-            .filter(|(k, _)| !k.starts_with(PROVENANCE_PREFIX))
+            .filter(|(k, _)| !provenance(k))
             .map(|(k, v)| (k.clone(), v.as_deref().map(|v| String::from_utf8_lossy(v).into_owned())))
             .collect(),
         record: r,
@@ -172,7 +180,7 @@ pub fn redrive_record(d: &DeadLetter, input_topic: &str) -> Result<(OutboxRecord
     }
     let r = &d.record;
     let mut headers: Vec<(String, Option<Vec<u8>>)> =
-        r.headers.iter().filter(|(k, _)| !k.starts_with(PROVENANCE_PREFIX)).cloned().collect();
+        r.headers.iter().filter(|(k, _)| !provenance(k)).cloned().collect();
     headers.push((REDRIVEN_FROM.to_owned(), Some(format!("{}/{}/{}", r.topic, r.partition, r.offset).into_bytes())));
     let rec = OutboxRecord { topic: input_topic.to_owned(), key: r.key.clone(), value: r.value.clone(), headers };
     // Its first partition when it came from the input topic; else by key.
@@ -292,5 +300,40 @@ mod tests {
         assert!(e.contains("\"oversized\"") && e.contains("oversize, bad_magic"), "{e}");
         assert!(DlqFilter { class: Some("oversize".into()), ..Default::default() }.check().is_ok());
         assert!(DlqFilter::default().check().is_ok());
+    }
+
+    /// A signed control event that was dead-lettered (say, over the size
+    /// limit) keeps its signature when re-driven: its own headers stay,
+    /// the reconciler's provenance headers go.
+    #[test]
+    fn a_redriven_record_keeps_its_signature_and_loses_the_provenance() {
+        let original = Record {
+            topic: "in".into(),
+            partition: 2,
+            offset: 9,
+            timestamp: None,
+            key: Some(b"e".to_vec()),
+            value: Some(b"v".to_vec()),
+            headers: vec![
+                ("trace".into(), Some(b"t-1".to_vec())),
+                (crate::signature::HEADER.into(), Some(b"ab12".to_vec())),
+            ],
+        };
+        let err = crate::codec::DecodeError::NullValue;
+        let out = crate::records::dead_letter("dlq", &original, &err);
+        let dlq = Record {
+            topic: "dlq".into(),
+            partition: 0,
+            offset: 4,
+            timestamp: None,
+            key: out.key,
+            value: out.value,
+            headers: out.headers,
+        };
+        let (rec, partition) = redrive_record(&dead_letter(dlq), "in").unwrap();
+        let names: Vec<&str> = rec.headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, vec!["trace", crate::signature::HEADER, REDRIVEN_FROM]);
+        assert_eq!(rec.headers[1].1.as_deref(), Some(&b"ab12"[..]));
+        assert_eq!(partition, Some(2));
     }
 }

@@ -337,6 +337,7 @@ fn unsigned_or_badly_signed_control_events_change_nothing() {
     assert_eq!(anomalies(&h), 3);
     let last = &x.timeline.last().unwrap().entry;
     assert!(last.anomalies[0].detail.contains("billing-service"), "{}", last.anomalies[0].detail);
+    assert!(last.manual.is_none(), "a refused decision is not recorded as one: {:?}", last.manual);
     assert!(render::explanation(&x).contains("FORGED_CONTROL_EVENT"), "{}", render::explanation(&x));
     // The genuine decision with the same event id as a forged one is
     // still applied: the forged one left no trace in the dedup set.

@@ -290,6 +290,7 @@ impl<'a> Applier<'a> {
             };
             let pos = SourcePos { partition: p, offset: r.offset };
             let arrival = Arrival::of(&ev, pos, self.policy);
+            let arrival = if forged { arrival.without_decision() } else { arrival };
             let failed = metrics::Failure::of(&ev.body);
             if forged && !silent {
                 self.metrics.forged_control_event(ev.body.name(), auth);

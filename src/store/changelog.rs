@@ -16,6 +16,9 @@
 //! otherwise restore each other's state. A restore that meets another
 //! input's offsets record stops (and the partition replays its input);
 //! records of versions before the name was added (8 bytes) are accepted.
+//! It is a check, not a separation: both pipelines write the same offsets
+//! keys, so once compaction keeps only the latest one the other input may
+//! no longer show. Each input needs a changelog of its own.
 //!
 //! The format byte is the store's value format ([`super::rocks::FORMAT`]):
 //! a changelog written by a version with another layout is never restored

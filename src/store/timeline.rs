@@ -172,6 +172,13 @@ fn serialize_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) {
 }
 
 impl Arrival {
+    /// The arrival without its decision record: a forged `ManualDecision`
+    /// is noted in the timeline as refused, never as a decision someone
+    /// took (explain and the panel show the decision record).
+    pub fn without_decision(self) -> Arrival {
+        Arrival { manual: None, ..self }
+    }
+
     /// The operation the event belongs to.
     pub fn operation_id(&self) -> &str {
         std::str::from_utf8(&self.buf[..self.id_end]).expect("copied from a str")

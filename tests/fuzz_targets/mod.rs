@@ -57,12 +57,12 @@ fn records(data: &[u8]) -> Vec<(bool, Signing, &[u8])> {
 /// `signing` says, against `keys`.
 fn authenticity(keys: &ControlKeys, signing: Signing, key: &[u8], value: &[u8]) -> Authenticity {
     let header: Option<Vec<u8>> = match signing {
-        Signing::Signed => keys.sign(Some(key), value),
+        Signing::Signed => keys.sign("fuzz.events", Some(key), value),
         Signing::Unsigned => None,
         Signing::Garbage => Some(value.iter().rev().copied().collect()),
-        Signing::OtherKey => ControlKeys::new([b"not-the-engine-key".to_vec()]).sign(Some(key), value),
+        Signing::OtherKey => ControlKeys::new([b"not-the-engine-key".to_vec()]).sign("fuzz.events", Some(key), value),
     };
-    keys.check(Some(key), value, header.as_deref())
+    keys.check("fuzz.events", Some(key), value, header.as_deref())
 }
 
 /// One partition's log through decode → validate → signature check →
