@@ -185,5 +185,30 @@ fn replay(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, store_commit, replay);
+/// Issue 18: what checking a control event's signature costs, per event,
+/// against decoding it. Only control events (timers, decisions, probe
+/// failures) are checked; every lifecycle event is decoded.
+fn signature(c: &mut Criterion) {
+    use reconciler::signature::ControlKeys;
+    let codec = Codec::new();
+    let keys = ControlKeys::new([b"bench-control-key-0123456789".to_vec(), b"an-older-key-0123456789".to_vec()]);
+    let ev = reconciler::core::Event::deadline_reached("op-000123", "cust-000123", "sync_customer", 1_700_000_000_000);
+    let value = codec.encode_event(&ev).unwrap();
+    let key = ev.entity_id.as_bytes();
+    let sig = keys.sign("ops.events", Some(key), &value).unwrap();
+    let old = ControlKeys::new([b"an-older-key-0123456789".to_vec()]).sign("ops.events", Some(key), &value).unwrap();
+    let mut g = c.benchmark_group("signature");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("decode_control_event", |b| b.iter(|| std::hint::black_box(codec.decode_event(&value).unwrap())));
+    g.bench_function("check_first_key", |b| {
+        b.iter(|| std::hint::black_box(keys.check("ops.events", Some(key), &value, Some(&sig))))
+    });
+    g.bench_function("check_second_key", |b| {
+        b.iter(|| std::hint::black_box(keys.check("ops.events", Some(key), &value, Some(&old))))
+    });
+    g.bench_function("sign", |b| b.iter(|| std::hint::black_box(keys.sign("ops.events", Some(key), &value))));
+    g.finish();
+}
+
+criterion_group!(benches, bench, store_commit, replay, signature);
 criterion_main!(benches);
