@@ -7,7 +7,7 @@
 //! removing a terminal operation) or a `ManualDecision` (closing a case
 //! without the token, the actor check and the audit of the panel). Those
 //! *control* events are therefore signed by their writer (an HMAC over the
-//! record's key and value, see `crate::signature`); the pipeline checks the
+//! record's topic, key and value, see `crate::signature`); the pipeline checks the
 //! signature and hands the core its [`Authenticity`] as data, so the core
 //! stays pure and a replay with the same keys decides the same.
 
@@ -18,7 +18,7 @@ use super::names::named_enum;
 use super::operation::OperationState;
 use super::output::{Anomaly, AnomalyKind};
 use super::policy::Policy;
-use super::verdict::derive_id;
+use super::verdict::anomaly_id;
 
 named_enum! {
     /// What the signature check said of an input record.
@@ -63,15 +63,8 @@ pub(crate) fn forged(op: Option<&OperationState>, ev: &Event, pos: SourcePos, au
         ev.body.name(),
         ev.producer
     );
-    let (partition, offset) = (pos.partition.to_string(), pos.offset.to_string());
     Anomaly {
-        anomaly_id: derive_id(&[
-            "anomaly",
-            AnomalyKind::ForgedControlEvent.as_str(),
-            &ev.event_id,
-            &partition,
-            &offset,
-        ]),
+        anomaly_id: anomaly_id(AnomalyKind::ForgedControlEvent, &ev.event_id, pos),
         kind: AnomalyKind::ForgedControlEvent,
         operation_id: ev.operation_id.clone(),
         entity_id: ev.entity_id.clone(),

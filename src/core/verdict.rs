@@ -112,6 +112,12 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
     }
 }
 
+/// The deterministic id of a `kind` anomaly about event `event_id`,
+/// detected while processing the record at `pos`.
+pub(crate) fn anomaly_id(kind: AnomalyKind, event_id: &str, pos: SourcePos) -> String {
+    derive_id(&["anomaly", kind.as_str(), event_id, &pos.partition.to_string(), &pos.offset.to_string()])
+}
+
 /// An anomaly about `flagged`, detected while processing the record at `pos`.
 pub(crate) fn anomaly(
     kind: AnomalyKind,
@@ -121,10 +127,8 @@ pub(crate) fn anomaly(
     detail: String,
     missing_seqs: Vec<i64>,
 ) -> Anomaly {
-    let partition = pos.partition.to_string();
-    let offset = pos.offset.to_string();
     Anomaly {
-        anomaly_id: derive_id(&["anomaly", kind.as_str(), &flagged.event_id, &partition, &offset]),
+        anomaly_id: anomaly_id(kind, &flagged.event_id, pos),
         kind,
         operation_id: op.operation_id.clone(),
         entity_id: op.entity_id.clone(),

@@ -149,11 +149,10 @@ pub(super) async fn review(
     .await
 }
 
-/// A request that changes state: the bearer token first, then the JSON
-/// body (`shape` names its fields in the error).
 /// The body of a request that changes state, once it came from a
 /// same-origin page or no browser at all and carries the token; else the
-/// refusal. A body over the limit keeps its 413.
+/// refusal (`shape` names the body's fields in the error). A body over the
+/// limit keeps its 413.
 fn admit<T>(
     http: &crate::config::Http,
     headers: &HeaderMap,

@@ -23,7 +23,7 @@ pub(super) fn refusal(configured: Option<&str>, headers: &HeaderMap) -> Option<R
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim);
     match given {
-        Some(t) if same(t.as_bytes(), expected.as_bytes()) => None,
+        Some(t) if crate::signature::same_secret(t.as_bytes(), expected.as_bytes()) => None,
         Some(_) => Some(unauthorized("wrong bearer token")),
         None => Some(unauthorized("missing bearer token: send Authorization: Bearer <http.token>")),
     }
@@ -33,11 +33,6 @@ fn unauthorized(msg: &str) -> Response {
     let mut r = error(StatusCode::UNAUTHORIZED, msg).into_response();
     r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
     r
-}
-
-/// Comparison whose time does not depend on where the inputs differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    crate::signature::same_secret(a, b)
 }
 
 /// `None` when a request that changes state comes from this API's own

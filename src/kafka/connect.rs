@@ -6,7 +6,7 @@
 //! callback and then reconnects for ever, so the first call that needs the
 //! broker only times out (creating topics: 30 s, "Local: Timed out"), and
 //! the reason is a log line among others. Here a client asks for metadata
-//! until it gets an answer, sees such a refusal, or `patience` passes; only
+//! until it gets an answer, sees such a refusal, or 10 s pass; only
 //! a refusal is an error. A broker that is merely unreachable is left to the
 //! calls that follow (which wait, retry or fail as before).
 
@@ -47,15 +47,18 @@ impl ClientContext for Watch {
 
 impl ConsumerContext for Watch {}
 
+/// How long [`check_credentials`] waits for an answer or a refusal.
+const PATIENCE: Duration = Duration::from_secs(10);
+
 /// Connects with the `[kafka]` settings `kafka` and fails with
 /// [`KafkaError::Authentication`] if the broker refuses the credentials or
-/// the TLS handshake within `patience`; `Ok` once it answers, or when
-/// `patience` passes without an answer or a refusal.
-pub fn check_credentials(kafka: &BTreeMap<String, String>, patience: Duration) -> Result<(), KafkaError> {
+/// the TLS handshake within [`PATIENCE`]; `Ok` once it answers, or when
+/// that passes without an answer or a refusal.
+pub fn check_credentials(kafka: &BTreeMap<String, String>) -> Result<(), KafkaError> {
     let client: BaseConsumer<Watch> = client_config(&[], kafka, &[("group.id", "reconciler-connection-check")])
         .create_with_context(Watch::default())
         .map_err(KafkaError::client("creating the connection check's client"))?;
-    let until = Instant::now() + patience;
+    let until = Instant::now() + PATIENCE;
     loop {
         let answered = client.fetch_metadata(None, Duration::from_millis(250)).is_ok();
         // Error callbacks are served by polling (nothing is assigned: no

@@ -293,8 +293,10 @@ pub fn command(cfg: &Config, action: Option<Action>, args: &Workload) -> Result<
     let t = &cfg.topics;
     match action {
         None => {
+            // Before any topic is created: no key to sign the workload's
+            // decisions with (`publish` needs one), or refused credentials.
             cfg.security.keys()?;
-            crate::kafka::connect::check_credentials(&cfg.kafka, Duration::from_secs(10))?;
+            crate::kafka::connect::check_credentials(&cfg.kafka)?;
             crate::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
             let opts = args.options(cfg, now_ms())?;
             if opts.faults.probed > 0.0 {

@@ -333,8 +333,7 @@ impl<'a> Applier<'a> {
         }
         // Encoded here, on the lane's thread, which also frees the states;
         // the changelog records too (none when nothing is published).
-        let changelog = self.topics.changelog().filter(|_| !self.discard_outputs);
-        applied.batch = batch.encode(changelog.map(|topic| Target { topic, input: &self.topics.events }));
+        applied.batch = batch.encode(Target::of(self.topics).filter(|_| !self.discard_outputs));
         Ok(applied)
     }
 }

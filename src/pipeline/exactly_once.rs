@@ -141,12 +141,7 @@ impl Pipeline {
         let b = Batch {
             records: 0,
             started: Instant::now(),
-            encoded: offsets.encode(
-                self.cfg
-                    .topics
-                    .changelog()
-                    .map(|topic| crate::store::changelog::Target { topic, input: &self.cfg.topics.events }),
-            ),
+            encoded: offsets.encode(crate::store::changelog::Target::of(&self.cfg.topics)),
             touched: ahead,
             deadlines: Vec::new(),
         };

@@ -261,7 +261,7 @@ impl Pipeline {
         let t = &cfg.topics;
         // Refused credentials fail here, with the broker's reason, rather
         // than as the next call's timeout.
-        crate::kafka::connect::check_credentials(&cfg.kafka, Duration::from_secs(10))?;
+        crate::kafka::connect::check_credentials(&cfg.kafka)?;
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
         let created = match t.changelog() {

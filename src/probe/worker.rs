@@ -206,7 +206,7 @@ impl ProbeWorker {
         // Started before the pipeline, the worker creates the topics it
         // reads and writes, as the pipeline would.
         let t = &cfg.topics;
-        crate::kafka::connect::check_credentials(&cfg.kafka, Duration::from_secs(10))?;
+        crate::kafka::connect::check_credentials(&cfg.kafka)?;
         crate::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.probe.group_id, &cfg.topics.commands, start)?;
         let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;

@@ -89,6 +89,13 @@ pub struct Target<'a> {
     pub input: &'a str,
 }
 
+impl<'a> Target<'a> {
+    /// Where `topics` send the changelog, if they have one.
+    pub fn of(topics: &'a crate::config::Topics) -> Option<Target<'a>> {
+        topics.changelog().map(|topic| Target { topic, input: &topics.events })
+    }
+}
+
 /// The value of an offsets record: the next offset, then the input topic.
 pub(crate) fn offsets_value(next: i64, input: &str) -> Vec<u8> {
     let mut v = keys::offset(next).to_vec();
