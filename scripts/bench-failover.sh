@@ -16,19 +16,12 @@
 # process it together to the end before A stops (SIGTERM: a clean leave,
 # so the group rebalances at once and the time is the takeover's own).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-source scripts/env.sh
+cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 engine=${1:-noida}
 ops=${FAILOVER_OPERATIONS:-300000}
 export BROKER_PORT=${BROKER_PORT:-19592}
-bin=$(scripts/build.sh)
-mkdir -p .run
-cp "$bin" .run/reconciler-failover-bench
-bin=$ROOT/.run/reconciler-failover-bench
-scripts/broker.sh start "$engine"
-work=$(mktemp -d)
-trap 'jobs -p | xargs -r kill 2>/dev/null; scripts/broker.sh stop; rm -rf "$work"' EXIT
+bench_start failover "$engine"
 echo "machine: $(nproc) cores; broker: $engine; operations: $ops; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 readyz() { curl -fs "http://127.0.0.1:$1/readyz" 2>/dev/null || true; }
@@ -59,11 +52,7 @@ partitions = 6
 [consumer]
 group_id = "$prefix.group"
 standby_replicas = $standby
-[security]
-control_keys = ["bench-control-key-$prefix"]
-[kafka]
-"bootstrap.servers" = "127.0.0.1:$BROKER_PORT"
-"receive.message.max.bytes" = "1000000000"
+$(bench_kafka_toml "$prefix")
 EOF
   "$bin" --config "$cfg" loadgen --operations "$ops" --truth "$work/$way-truth.json" >/dev/null
   RECONCILER_LOG=info RECONCILER_STATE_DIR="$work/$way-a" RECONCILER_HTTP__BIND=127.0.0.1:19593 \

@@ -14,19 +14,12 @@
 # partition restored and caught up). B and C then stop without processing
 # anything new, so both restore the same committed state.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-source scripts/env.sh
+cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 engine=${1:-noida}
 ops=${RESTORE_OPERATIONS:-1000000}
 export BROKER_PORT=${BROKER_PORT:-19492}
-bin=$(scripts/build.sh)
-mkdir -p .run
-cp "$bin" .run/reconciler-restore-bench
-bin=$ROOT/.run/reconciler-restore-bench
-scripts/broker.sh start "$engine"
-work=$(mktemp -d)
-trap 'scripts/broker.sh stop; rm -rf "$work"' EXIT
+bench_start restore "$engine"
 prefix="restore-$$"
 cat > "$work/reconciler.toml" <<EOF
 state_dir = "$work/state-a"
@@ -42,11 +35,7 @@ partitions = 6
 group_id = "$prefix.group"
 [http]
 bind = "127.0.0.1:19493"
-[security]
-control_keys = ["bench-control-key-$prefix"]
-[kafka]
-"bootstrap.servers" = "127.0.0.1:$BROKER_PORT"
-"receive.message.max.bytes" = "1000000000"
+$(bench_kafka_toml "$prefix")
 EOF
 cfg="$work/reconciler.toml"
 echo "machine: $(nproc) cores; broker: $engine; operations: $ops; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
