@@ -64,6 +64,19 @@ pub enum Command {
         #[arg(long)]
         group_id: Option<String>,
     },
+    /// Run the outbox relay: publish the rows services commit to the
+    /// PostgreSQL outbox (sql/outbox.sql) to the input topic, keyed by
+    /// entity and in each entity's commit order, until SIGTERM or SIGINT.
+    /// Several relays may run at once. The connection string is read from
+    /// the variable [relay] connection_env names (OUTBOX_DATABASE_URL).
+    ///
+    /// Example: OUTBOX_DATABASE_URL='host=db user=app dbname=app' reconciler relay --install
+    Relay {
+        /// Create the outbox table, indexes and triggers first when missing
+        /// (sql/outbox.sql; idempotent).
+        #[arg(long)]
+        install: bool,
+    },
     /// Run the probe worker alone: answer PROBE commands by querying each
     /// operation's destination ([destinations.<name>]: HTTP or PostgreSQL)
     /// and publish the answers to the input topic, until SIGTERM or SIGINT.
@@ -214,6 +227,64 @@ pub enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// The PostgreSQL outbox's dead letters (rows the relay gave up on):
+    /// list them, re-drive them after a fix.
+    ///
+    /// Example: OUTBOX_DATABASE_URL=... reconciler outbox dead-letters
+    Outbox {
+        /// `dead-letters` or `redrive`.
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+/// Who re-drives and why: what the re-drive audit records.
+#[derive(Debug, Clone, Args)]
+pub struct RedriveBy {
+    /// Who re-drives (recorded in the audit; default: $USER).
+    #[arg(long, env = "USER", default_value = "")]
+    pub actor: String,
+    /// What was fixed (recorded in the audit).
+    #[arg(long, default_value = "")]
+    pub note: String,
+}
+
+/// `reconciler outbox ...`.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Show the outbox's dead letters by class, the oldest first, and the
+    /// latest re-drives.
+    ///
+    /// Example: reconciler outbox dead-letters --limit 50
+    DeadLetters {
+        /// At most this many dead letters (and audit records).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make dead letters pending again (attempts from 0) so the relay
+    /// publishes them; each is recorded in reconciler_outbox_redrive.
+    ///
+    /// Example: reconciler outbox redrive --class MessageSizeTooLarge --actor ana --note "broker limit raised"
+    Redrive {
+        /// These rows (repeatable); all must be dead letters.
+        #[arg(long = "id")]
+        ids: Vec<i64>,
+        /// Every dead letter of this class (the error code name).
+        #[arg(long)]
+        class: Option<String>,
+        /// Who re-drives and why.
+        #[command(flatten)]
+        by: RedriveBy,
+        /// List what would be re-driven; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Where a reading subcommand finds the state, and how it prints.
@@ -240,6 +311,9 @@ pub enum DlqCommand {
         /// Only this error class (bad_magic, oversize, key_mismatch, ...).
         #[arg(long)]
         class: Option<String>,
+        /// Also dead letters already re-driven (with who re-drove them).
+        #[arg(long)]
+        all: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -249,7 +323,10 @@ pub enum DlqCommand {
     /// Key, value and headers go unchanged (the reconciler.* provenance
     /// headers stripped), marked with a reconciler.redriven.from header.
     ///
-    /// Example: reconciler dlq redrive --class oversize --dry-run
+    /// Each re-driven dead letter is recorded on [topics] dlq_audit (who,
+    /// when, why) and is not offered again.
+    ///
+    /// Example: reconciler dlq redrive --class oversize --actor ana --note "limit raised to 2 MB"
     Redrive {
         /// Only this error class.
         #[arg(long)]
@@ -257,6 +334,9 @@ pub enum DlqCommand {
         /// Only these dead letters, as DLQ PARTITION:OFFSET (repeatable).
         #[arg(long = "offset", value_parser = parse_position)]
         offsets: Vec<(i32, i64)>,
+        /// Who re-drives and why.
+        #[command(flatten)]
+        by: RedriveBy,
         /// List what would be sent; send nothing.
         #[arg(long)]
         dry_run: bool,

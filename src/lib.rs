@@ -19,7 +19,8 @@
 //!   - `core/deadline.rs`: timers (deadlines, follow-ups, reorder windows, retention).
 //!   - `core/trust.rs`: which events only the reconciler may write, and the
 //!     anomaly of one that does not prove it (issue 18).
-//! - [`clock`]: the wall clock, injected (depends on nothing).
+//! - [`clock`]: the wall clock, injected (depends on nothing); [`retry`]:
+//!   exponential back-off with jitter (pure).
 //! - [`codec`]: Avro single-object encoding against the schemas in `schemas/`.
 //! - [`config`]: the configuration file, its defaults and checks.
 //! - [`records`]: the shapes every layer passes (a consumed record, a record
@@ -46,6 +47,9 @@
 //! - [`probe`]: `reconciler probe`, the worker that answers PROBE commands
 //!   by querying the destinations (HTTP, PostgreSQL) and publishes what it
 //!   found to the input topic.
+//! - [`outbox`]: the producing side (issue 19): the PostgreSQL outbox
+//!   services write in their own transactions, and `reconciler relay`,
+//!   which publishes it to the input topic in each entity's commit order.
 //! - [`demo`], [`report`]: the demo workload and its summary;
 //!   [`loadgen`]: seeded fault-injecting workload, ground truth, checker,
 //!   benchmark baseline.
@@ -74,6 +78,8 @@ pub mod metrics;
 #[cfg(feature = "io")]
 pub mod operator;
 #[cfg(feature = "io")]
+pub mod outbox;
+#[cfg(feature = "io")]
 pub(crate) mod parallel;
 #[cfg(feature = "io")]
 pub mod pipeline;
@@ -83,6 +89,7 @@ pub mod probe;
 pub mod records;
 #[cfg(feature = "io")]
 pub mod report;
+pub mod retry;
 pub mod signature;
 #[cfg(feature = "io")]
 pub mod store;

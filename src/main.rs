@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use reconciler::cli::{Cli, Command, DlqCommand, LogFormat};
+use reconciler::cli::{Cli, Command, DlqCommand, LogFormat, OutboxCommand};
 use reconciler::clock::system_clock;
 use reconciler::config::Config;
 use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
+use reconciler::outbox::relay::Relay;
 use reconciler::pipeline::Pipeline;
 use reconciler::probe::ProbeWorker;
 use reconciler::{demo, http, loadgen, operator, report};
@@ -67,6 +68,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let shutdown = install_shutdown()?;
             let bind = cfg.http.bind_addr()?;
             let mut pipeline = Pipeline::new(cfg.clone(), system_clock()).context("starting the pipeline")?;
+            let _dlq_gauges = operator::dlq::watch(cfg.clone(), pipeline.metrics(), shutdown.clone());
             // The probe worker inside `run`: its own thread and consumer
             // group, its metrics on the pipeline's /metrics.
             let probe = if cfg.probe.enabled {
@@ -134,6 +136,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             worker.run(&shutdown)?;
             Ok(())
         }
+        Command::Outbox { command: OutboxCommand::DeadLetters { limit, json } } => {
+            print!("{}", commands::outbox_dead_letters_cmd(&cfg, limit, json)?);
+            Ok(())
+        }
+        Command::Outbox { command: OutboxCommand::Redrive { ids, class, by, dry_run, json } } => {
+            let sel = reconciler::outbox::dead_letter::OutboxSelection { ids, class };
+            print!("{}", commands::outbox_redrive_cmd(&cfg, &sel, &by.actor, &by.note, dry_run, json)?);
+            Ok(())
+        }
+        Command::Relay { install } => {
+            let shutdown = install_shutdown()?;
+            let registry = prometheus::Registry::new();
+            let mut relay = Relay::new(&cfg, &registry).context("starting the outbox relay")?;
+            if install {
+                relay.install().context("installing the outbox schema")?;
+            }
+            let _server = match cfg.relay.bind_addr()? {
+                Some(addr) => Some(http::Server::metrics_only(addr, registry)?),
+                None => None,
+            };
+            relay.run(&shutdown)?;
+            Ok(())
+        }
         Command::Config => {
             print!("{}", toml::to_string(&cfg.redacted()).context("printing the configuration")?);
             Ok(())
@@ -196,14 +221,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", commands::replay_cmd(&cfg, &opts, &interrupt, json)?);
             Ok(())
         }
-        Command::Dlq { command: DlqCommand::Inspect { limit, class, json } } => {
-            let filter = DlqFilter { class, positions: Vec::new(), limit: Some(limit) };
+        Command::Dlq { command: DlqCommand::Inspect { limit, class, all, json } } => {
+            let filter = DlqFilter { class, positions: Vec::new(), limit: Some(limit), include_redriven: all };
             print!("{}", commands::dlq_inspect_cmd(&cfg, &filter, json)?);
             Ok(())
         }
-        Command::Dlq { command: DlqCommand::Redrive { class, offsets, dry_run, json } } => {
-            let filter = DlqFilter { class, positions: offsets, limit: None };
-            print!("{}", commands::dlq_redrive_cmd(&cfg, &filter, dry_run, json)?);
+        Command::Dlq { command: DlqCommand::Redrive { class, offsets, by, dry_run, json } } => {
+            let filter = DlqFilter { class, positions: offsets, limit: None, include_redriven: false };
+            let who = operator::dlq::Redriver { actor: by.actor, note: by.note, at_ms: reconciler::clock::now_ms() };
+            print!("{}", commands::dlq_redrive_cmd(&cfg, &filter, &who, dry_run, json)?);
             Ok(())
         }
         Command::Loadgen { action, args } => Ok(loadgen::command(&cfg, action.map(Into::into), &args.into())?),
@@ -242,8 +268,10 @@ fn main() -> ExitCode {
     // The demo's output is its summary; the pipeline's own lines would bury it.
     // Operator tools print their result on stdout; their logs would clutter it.
     let default = match cli.command {
-        Command::Run { .. } | Command::Probe { .. } => "info",
-        Command::Resolve { .. } | Command::Dlq { command: DlqCommand::Redrive { .. } } => "info",
+        Command::Run { .. } | Command::Probe { .. } | Command::Relay { .. } => "info",
+        Command::Resolve { .. }
+        | Command::Dlq { command: DlqCommand::Redrive { .. } }
+        | Command::Outbox { command: OutboxCommand::Redrive { .. } } => "info",
         _ => "warn",
     };
     init_logging(cli.log_format, default);

@@ -15,7 +15,9 @@ use crate::core::{Policy, TypePolicy};
 use crate::signature::ControlKeys;
 
 mod probe;
+mod relay;
 pub use probe::{expand_env, placeholders, DestinationConfig, DestinationKind, ProbeConfig, PROBE_PARAMS};
+pub use relay::{OnPublished, RelayConfig};
 
 /// A configuration that cannot be used; the message names the field.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +78,13 @@ pub struct Topics {
     pub anomalies: String,
     /// Dead letters: input that cannot be decoded or validated, byte-identical.
     pub dlq: String,
+    /// The re-drive audit: one record per dead letter re-driven (who, when,
+    /// why, where to), JSON keyed by the dead letter's position. A dead
+    /// letter it names is not offered for re-drive again. Created with one
+    /// partition when missing. Unset: the DLQ's name and `.audit`
+    /// (`ops.events.dlq.audit`). Empty: no audit (re-driven dead letters
+    /// are offered again).
+    pub dlq_audit: Option<String>,
     /// Repair commands (`act` mode only).
     pub commands: String,
     /// The state changelog: a compacted topic with one partition per input
@@ -104,6 +113,7 @@ impl Default for Topics {
             verdicts: "ops.verdicts".into(),
             anomalies: "ops.anomalies".into(),
             dlq: "ops.events.dlq".into(),
+            dlq_audit: None,
             commands: "ops.commands".into(),
             changelog: "ops.state".into(),
             fleet: "ops.fleet".into(),
@@ -122,6 +132,7 @@ impl Topics {
             verdicts: format!("{prefix}.verdicts"),
             anomalies: format!("{prefix}.anomalies"),
             dlq: format!("{prefix}.dlq"),
+            dlq_audit: None,
             commands: format!("{prefix}.commands"),
             changelog: format!("{prefix}.state"),
             fleet: format!("{prefix}.fleet"),
@@ -139,6 +150,16 @@ impl Topics {
     /// The changelog topic, unless it is turned off (empty name).
     pub fn changelog(&self) -> Option<&str> {
         (!self.changelog.is_empty()).then_some(self.changelog.as_str())
+    }
+
+    /// The re-drive audit topic (see [`Topics::dlq_audit`]), unless it is
+    /// turned off (empty name).
+    pub fn dlq_audit(&self) -> Option<String> {
+        match &self.dlq_audit {
+            None => Some(format!("{}.audit", self.dlq)),
+            Some(t) if t.is_empty() => None,
+            Some(t) => Some(t.clone()),
+        }
     }
 
     /// The fleet topic, unless it is turned off (empty name).
@@ -442,11 +463,15 @@ pub struct MetricsConfig {
     /// Most operations per second a refresh reads from the state store
     /// (bounds its CPU cost on a large store).
     pub scan_ops_per_sec: u64,
+    /// How often `run` reads the DLQ and its audit topic for the
+    /// dead-letter gauges, in ms (each refresh reads both whole: dead
+    /// letters should be few). 0: never.
+    pub dlq_refresh_ms: u64,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        MetricsConfig { max_operation_types: 32, refresh_ms: 5000, scan_ops_per_sec: 100_000 }
+        MetricsConfig { max_operation_types: 32, refresh_ms: 5000, scan_ops_per_sec: 100_000, dlq_refresh_ms: 60_000 }
     }
 }
 
@@ -510,6 +535,8 @@ pub struct Config {
     pub destinations: BTreeMap<String, DestinationConfig>,
     /// Control-event signatures (`[security]`, issue 18).
     pub security: Security,
+    /// The outbox relay (`[relay]`, `reconciler relay`).
+    pub relay: RelayConfig,
 }
 
 impl Default for Config {
@@ -531,6 +558,7 @@ impl Default for Config {
             probe: ProbeConfig::default(),
             destinations: BTreeMap::new(),
             security: Security::default(),
+            relay: RelayConfig::default(),
         }
     }
 }
@@ -571,7 +599,9 @@ impl Config {
             ("topics.commands", &t.commands),
         ];
         // An empty changelog (fleet) name turns the changelog (fleet) off.
-        let optional = [("topics.changelog", t.changelog()), ("topics.fleet", t.fleet())];
+        let audit = t.dlq_audit();
+        let optional =
+            [("topics.changelog", t.changelog()), ("topics.fleet", t.fleet()), ("topics.dlq_audit", audit.as_deref())];
         for (field, name) in named.into_iter().chain(optional.into_iter().filter_map(|(f, n)| Some((f, n?)))) {
             if name.is_empty()
                 || name.len() > 249
@@ -582,6 +612,9 @@ impl Config {
         }
         if t.all().contains(&t.changelog.as_str()) {
             return Err(invalid("topics.changelog", format!("{:?} is also an input or output topic", t.changelog)));
+        }
+        if let Some(a) = audit.as_deref().filter(|a| t.all().contains(a) || *a == t.changelog || *a == t.fleet) {
+            return Err(invalid("topics.dlq_audit", format!("{a:?} is also another topic of the reconciler")));
         }
         if t.fleet().is_some() && (t.all().contains(&t.fleet.as_str()) || t.fleet == t.changelog) {
             return Err(invalid("topics.fleet", format!("{:?} is also another topic of the reconciler", t.fleet)));
@@ -665,6 +698,7 @@ impl Config {
         }
         self.validate_guarantee()?;
         self.probe.validate()?;
+        self.relay.validate()?;
         if self.probe.group_id == self.consumer.group_id {
             // One group for both would rebalance the worker with every
             // pipeline instance and hand it the pipeline's input partitions.

@@ -58,6 +58,22 @@ where
     }
 }
 
+/// [`admit`] for a request made on someone's behalf (a decision, a
+/// re-drive): the field `actor` picks becomes the acting person, as
+/// [`auth::actor`] decides it.
+fn admit_acting<T>(
+    http: &crate::config::Http,
+    headers: &HeaderMap,
+    body: Result<Json<T>, JsonRejection>,
+    shape: &str,
+    actor: impl FnOnce(&mut T) -> &mut String,
+) -> Result<T, Box<Response>> {
+    let mut b = admit(http, headers, body, shape)?;
+    let field = actor(&mut b);
+    *field = auth::actor(http.actor_header.as_deref(), headers, field)?;
+    Ok(b)
+}
+
 /// `?scope=`: `local` (default: the partitions this instance owns now) or
 /// `fleet` (every live member, see [`super::fleet`]).
 #[derive(Debug, Default, Deserialize)]
@@ -198,14 +214,12 @@ pub(super) async fn resolve(
         Ok(f) => f,
         Err(r) => return *r,
     };
-    let mut b = match admit(&s.cfg.http, &headers, body, "{decision, actor, note, evidence_checked?}") {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    b.actor = match auth::actor(s.cfg.http.actor_header.as_deref(), &headers, &b.actor) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
+    let b =
+        match admit_acting(&s.cfg.http, &headers, body, "{decision, actor, note, evidence_checked?}", |b| &mut b.actor)
+        {
+            Ok(b) => b,
+            Err(r) => return *r,
+        };
     // Only a fleet request asks where the operation is: the partition
     // is all it needs (not the explanation with its timeline).
     let here = fleet && {
@@ -274,6 +288,12 @@ pub(super) struct RedriveBody {
     limit: Option<usize>,
     #[serde(default)]
     dry_run: bool,
+    /// Who re-drives (the authenticated caller with `[http] actor_header`).
+    #[serde(default)]
+    actor: String,
+    /// What was fixed.
+    #[serde(default)]
+    note: String,
 }
 
 /// `POST /api/dlq/redrive`: re-publishes the selected dead letters to the
@@ -283,18 +303,112 @@ pub(super) async fn redrive(
     headers: HeaderMap,
     body: Result<Json<RedriveBody>, JsonRejection>,
 ) -> Response {
-    let b = match admit(&s.cfg.http, &headers, body, "{class?, positions?, limit?, dry_run?}") {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
+    let b =
+        match admit_acting(&s.cfg.http, &headers, body, "{class?, positions?, limit?, dry_run?, actor, note?}", |b| {
+            &mut b.actor
+        }) {
+            Ok(b) => b,
+            Err(r) => return *r,
+        };
     let positions = match b.positions.iter().map(|p| parse_position(p)).collect::<Result<Vec<_>, _>>() {
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
-    let filter = DlqFilter { class: b.class.filter(|c| !c.is_empty()), positions, limit: b.limit };
+    let filter =
+        DlqFilter { class: b.class.filter(|c| !c.is_empty()), positions, limit: b.limit, include_redriven: false };
+    let who = dlq::Redriver { actor: b.actor, note: b.note, at_ms: crate::clock::now_ms() };
     blocking(move || {
-        let t = &s.cfg.topics;
-        Ok(dlq::redrive(&s.cfg.kafka, &t.dlq, &t.events, &filter, s.cfg.consumer.max_record_bytes, b.dry_run)?)
+        Ok(dlq::redrive(&s.cfg.kafka, &s.cfg.topics, &filter, s.cfg.consumer.max_record_bytes, &who, b.dry_run)?)
     })
     .await
+}
+
+/// `?samples=N` of `GET /api/dlq`: how many dead letters and audit records
+/// of each place to show (default 20, at most 500).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct DlqQuery {
+    samples: Option<usize>,
+}
+
+/// `GET /api/dlq`: the dead-letter monitor, for both dead-letter places:
+/// the DLQ topic (counts by class and age, the oldest waiting, samples
+/// with their provenance headers, the latest re-drives) and the outbox's
+/// dead_letter rows (the same, when this instance can reach the outbox:
+/// the variable `[relay] connection_env` names is set).
+pub(super) async fn dead_letters(State(s): State<AppState>, Query(q): Query<DlqQuery>) -> Response {
+    let samples = q.samples.unwrap_or(20).min(500);
+    let cfg = s.cfg.clone();
+    let kafka = tokio::task::spawn_blocking(move || {
+        let all = DlqFilter { include_redriven: true, ..DlqFilter::default() };
+        dlq::inspect(&cfg.kafka, &cfg.topics, &all).map(|letters| dlq::summary(letters, &cfg.topics, samples))
+    })
+    .await;
+    let kafka = match kafka {
+        Ok(Ok(summary)) => serde_json::to_value(summary).unwrap_or_default(),
+        Ok(Err(e)) => serde_json::json!({ "error": e.to_string() }),
+        Err(e) => serde_json::json!({ "error": format!("the request failed: {e}") }),
+    };
+    let outbox = match s.cfg.relay.connection() {
+        Err(e) => serde_json::json!({ "available": false, "reason": e.to_string() }),
+        Ok(connection) => {
+            let read = async {
+                let client = crate::outbox::connect(&connection).await?;
+                crate::outbox::dead_letter::summary(&client, samples).await
+            };
+            match read.await {
+                Ok(summary) => {
+                    let mut v = serde_json::to_value(summary).unwrap_or_default();
+                    v["available"] = true.into();
+                    v
+                }
+                Err(e) => serde_json::json!({ "available": false, "reason": e.to_string() }),
+            }
+        }
+    };
+    Json(serde_json::json!({ "now_ms": crate::clock::now_ms(), "kafka": kafka, "outbox": outbox })).into_response()
+}
+
+/// The body of an outbox re-drive: row ids and/or an error class.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OutboxRedriveBody {
+    #[serde(default)]
+    ids: Vec<i64>,
+    class: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    actor: String,
+    #[serde(default)]
+    note: String,
+}
+
+/// `POST /api/dlq/outbox/redrive`: makes the chosen outbox dead letters
+/// pending again, audited (or, with `dry_run`, says which it would).
+pub(super) async fn outbox_redrive(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<OutboxRedriveBody>, JsonRejection>,
+) -> Response {
+    let b = match admit_acting(&s.cfg.http, &headers, body, "{ids?, class?, dry_run?, actor, note?}", |b| &mut b.actor)
+    {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let connection = match s.cfg.relay.connection() {
+        Ok(c) => c,
+        Err(e) => {
+            return error(StatusCode::SERVICE_UNAVAILABLE, &format!("the outbox is not reachable from here: {e}"))
+        }
+    };
+    let sel = crate::outbox::dead_letter::OutboxSelection { ids: b.ids, class: b.class.filter(|c| !c.is_empty()) };
+    let done = async {
+        let mut client = crate::outbox::connect(&connection).await?;
+        crate::outbox::dead_letter::redrive(&mut client, &sel, &b.actor, &b.note, b.dry_run).await
+    };
+    match done.await {
+        Ok(report) => Json(report).into_response(),
+        Err(crate::outbox::OutboxError::Invalid(m)) => error(StatusCode::BAD_REQUEST, &m),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
 }

@@ -268,7 +268,9 @@ fn router(state: AppState) -> Router {
         .route("/api/operations/{id}", get(api::operation))
         .route("/api/review", get(api::review))
         .route("/api/operations/{id}/resolve", post(api::resolve))
+        .route("/api/dlq", get(api::dead_letters))
         .route("/api/dlq/redrive", post(api::redrive))
+        .route("/api/dlq/outbox/redrive", post(api::outbox_redrive))
         .route("/api/fleet", get(fleet::members))
         .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") })
         // A decision or a re-drive request is a few hundred bytes: a body

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod connect;
 pub mod consumer;
+pub mod keyed;
 pub mod producer;
 pub mod reader;
 pub mod transaction;
@@ -115,7 +116,7 @@ impl KafkaError {
 }
 
 /// Codes that no retry can cure.
-fn fatal_code(code: RDKafkaErrorCode) -> bool {
+pub(crate) fn fatal_code(code: RDKafkaErrorCode) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
         code,

@@ -35,9 +35,11 @@ use prometheus::{
 use crate::core::event::ErrorClass;
 
 mod probe;
+mod relay;
 mod restore;
 use crate::core::{Authenticity, Disposition, Escalation, OperationState, Output, RepairAction, Status};
 pub use probe::{ProbeMetrics, ProbeResult, UNKNOWN_DESTINATION};
+pub use relay::{RelayFailure, RelayMetrics, WAITING_STATUSES};
 pub use restore::{RestoreMetrics, RestoreSource};
 
 /// Everything `registry` holds in the Prometheus text exposition format.
@@ -139,6 +141,8 @@ pub struct Metrics {
     review_oldest: GaugeVec,
     consumer_lag: IntGaugeVec,
     outbox_pending: IntGauge,
+    dlq_waiting: IntGaugeVec,
+    dlq_oldest_waiting: Gauge,
     partitions_owned: IntGauge,
     ready_gauge: IntGauge,
     scan_duration: Gauge,
@@ -375,6 +379,27 @@ impl Metrics {
                 "reconciler_outbox_pending",
                 "Outputs stored but not yet acknowledged by the broker.",
             ),
+            dlq_waiting: {
+                let g = int_gauge_vec(
+                    &r,
+                    "reconciler_dlq_waiting",
+                    "Dead letters on the DLQ topic not re-driven yet, by error class (read from the DLQ and its audit topic every metrics.dlq_refresh_ms).",
+                    &["class"],
+                );
+                for class in crate::codec::DecodeError::CLASSES {
+                    g.with_label_values(&[class]).set(0);
+                }
+                g
+            },
+            dlq_oldest_waiting: {
+                let g = Gauge::new(
+                    "reconciler_dlq_oldest_waiting_seconds",
+                    "Age of the oldest dead letter not re-driven yet, in seconds (0 when there is none).",
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("registered once");
+                g
+            },
             partitions_owned: int_gauge(&r, "reconciler_partitions_owned", "Input partitions owned by this instance."),
             ready_gauge: int_gauge(
                 &r,
@@ -553,7 +578,20 @@ impl Metrics {
         r
     }
 
-    /// Outputs stored but not yet acknowledged.
+    /// The dead letters not re-driven yet: how many per error class (every
+    /// known class has its series, at 0 when it has none) and the oldest's age.
+    pub fn set_dead_letters_waiting(&self, by_class: &[(String, i64)], oldest_secs: f64) {
+        self.dlq_waiting.reset();
+        for class in crate::codec::DecodeError::CLASSES {
+            self.dlq_waiting.with_label_values(&[class]).set(0);
+        }
+        for (class, n) in by_class {
+            self.dlq_waiting.with_label_values(&[class.as_str()]).set(*n);
+        }
+        self.dlq_oldest_waiting.set(oldest_secs);
+    }
+
+    /// Outputs stored and not yet acknowledged.
     pub fn set_outbox_pending(&self, n: usize) {
         self.outbox_pending.set(n as i64);
     }
@@ -613,7 +651,7 @@ impl Metrics {
     /// The name of every metric, whether or not it has a value yet
     /// (dashboards and alert rules are checked against this).
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 30] = [
+        let all: [&dyn Collector; 32] = [
             &self.events,
             &self.dead_letters,
             &self.verdicts,
@@ -640,6 +678,8 @@ impl Metrics {
             &self.review_oldest,
             &self.consumer_lag,
             &self.outbox_pending,
+            &self.dlq_waiting,
+            &self.dlq_oldest_waiting,
             &self.partitions_owned,
             &self.ready_gauge,
             &self.scan_duration,

@@ -130,7 +130,7 @@ pub fn replay_cmd(
 
 /// `reconciler dlq inspect`.
 pub fn dlq_inspect_cmd(cfg: &Config, filter: &DlqFilter, as_json: bool) -> Result<String, OperatorError> {
-    let items = dlq::inspect(&cfg.kafka, &cfg.topics.dlq, filter)?;
+    let items = dlq::inspect(&cfg.kafka, &cfg.topics, filter)?;
     Ok(if as_json { json(&items) } else { render::dead_letters(&items) })
 }
 
@@ -138,6 +138,7 @@ pub fn dlq_inspect_cmd(cfg: &Config, filter: &DlqFilter, as_json: bool) -> Resul
 pub fn dlq_redrive_cmd(
     cfg: &Config,
     filter: &DlqFilter,
+    who: &dlq::Redriver,
     dry_run: bool,
     as_json: bool,
 ) -> Result<String, OperatorError> {
@@ -146,9 +147,46 @@ pub fn dlq_redrive_cmd(
             "choose what to re-drive: --class CLASS or --offset PARTITION:OFFSET (see `reconciler dlq inspect`)".into(),
         ));
     }
-    let t = &cfg.topics;
-    let report = dlq::redrive(&cfg.kafka, &t.dlq, &t.events, filter, cfg.consumer.max_record_bytes, dry_run)?;
+    if !dry_run && who.actor.trim().is_empty() {
+        return Err(OperatorError::Invalid("say who re-drives: --actor NAME (recorded in the audit)".into()));
+    }
+    let report = dlq::redrive(&cfg.kafka, &cfg.topics, filter, cfg.consumer.max_record_bytes, who, dry_run)?;
     Ok(if as_json { json(&report) } else { render::redrive(&report) })
+}
+
+/// Runs `f` against the outbox's database (`[relay] connection_env`).
+fn with_outbox<T>(
+    cfg: &Config,
+    f: impl AsyncFnOnce(&mut tokio_postgres::Client) -> Result<T, crate::outbox::OutboxError>,
+) -> Result<T, OperatorError> {
+    let connection = cfg.relay.connection()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| OperatorError::Invalid(format!("starting a runtime: {e}")))?;
+    Ok(rt.block_on(async {
+        let mut client = crate::outbox::connect(&connection).await?;
+        f(&mut client).await
+    })?)
+}
+
+/// `reconciler outbox dead-letters`.
+pub fn outbox_dead_letters_cmd(cfg: &Config, limit: usize, as_json: bool) -> Result<String, OperatorError> {
+    let summary = with_outbox(cfg, async |c| crate::outbox::dead_letter::summary(c, limit).await)?;
+    Ok(if as_json { json(&summary) } else { render::outbox_dead_letters(&summary) })
+}
+
+/// `reconciler outbox redrive`.
+pub fn outbox_redrive_cmd(
+    cfg: &Config,
+    sel: &crate::outbox::dead_letter::OutboxSelection,
+    actor: &str,
+    note: &str,
+    dry_run: bool,
+    as_json: bool,
+) -> Result<String, OperatorError> {
+    let report = with_outbox(cfg, async |c| crate::outbox::dead_letter::redrive(c, sel, actor, note, dry_run).await)?;
+    Ok(if as_json { json(&report) } else { render::outbox_redrive(&report) })
 }
 
 /// Parses `P:O` (a dead letter's DLQ partition and offset).

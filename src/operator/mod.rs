@@ -47,6 +47,9 @@ pub enum OperatorError {
     /// The replay's pipeline failed.
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    /// The outbox (PostgreSQL) failed or refused the request.
+    #[error(transparent)]
+    Outbox(#[from] crate::outbox::OutboxError),
     /// The configuration does not allow it (no control keys to sign a
     /// decision with, ...).
     #[error(transparent)]

@@ -321,6 +321,9 @@ pub fn dead_letters(items: &[DeadLetter]) -> String {
         if let Some(r) = &d.redriven_from {
             let _ = writeln!(o, "    re-driven from {r}, and dead-lettered again");
         }
+        if let Some(a) = &d.redriven {
+            let _ = writeln!(o, "    re-driven by {} at {}: {}", a.actor, time(a.at_ms), a.note);
+        }
         for (k, v) in &d.headers {
             let _ = writeln!(o, "    header {k} = {}", opt(v));
         }
@@ -332,6 +335,49 @@ pub fn dead_letters(items: &[DeadLetter]) -> String {
     let by: Vec<String> = classes.iter().map(|(c, n)| format!("{c} {n}")).collect();
     let _ = writeln!(o, "{} dead letter(s): {}.", items.len(), by.join(", "));
     o
+}
+
+/// The outbox's dead letters (`reconciler outbox dead-letters`).
+pub fn outbox_dead_letters(s: &crate::outbox::dead_letter::OutboxSummary) -> String {
+    let mut o = String::new();
+    for d in &s.samples {
+        let _ = writeln!(
+            o,
+            "row {}  entity {}  event {}  written {}  {} attempts  {} B",
+            d.id,
+            d.entity_id,
+            opt(&d.event_id),
+            time(d.created_at_ms),
+            d.attempts,
+            d.event_bytes
+        );
+        let _ = writeln!(o, "    {}", d.last_error);
+    }
+    let by: Vec<String> = s.by_class.iter().map(|c| format!("{} {}", c.class, c.count)).collect();
+    let _ = writeln!(
+        o,
+        "{} dead letter(s){}{}; {} row(s) pending.",
+        s.dead_letters,
+        if by.is_empty() { String::new() } else { format!(": {}", by.join(", ")) },
+        s.oldest_dead_letter_ms.map_or_else(String::new, |t| format!(", the oldest written {}", time(t))),
+        s.pending
+    );
+    for a in &s.audit {
+        let _ = writeln!(o, "re-driven: row {} by {} at {}: {}", a.outbox_id, a.actor, time(a.at_ms), a.note);
+    }
+    o
+}
+
+/// What an outbox re-drive did (or would do).
+pub fn outbox_redrive(r: &crate::outbox::dead_letter::OutboxRedriveReport) -> String {
+    let ids: Vec<String> = r.ids.iter().map(i64::to_string).collect();
+    format!(
+        "{} row(s) {}{}{}\n",
+        r.ids.len(),
+        if r.dry_run { "would be re-driven (dry run: nothing changed)" } else { "re-driven, by " },
+        if r.dry_run { String::new() } else { r.actor.clone() },
+        if ids.is_empty() { String::new() } else { format!(": {}", ids.join(", ")) }
+    )
 }
 
 /// What a re-drive did (or would do).

@@ -57,6 +57,12 @@ pub const PROBE_CRASH_POINTS: [&str; 2] = [
     "probe::after_publish",
 ];
 
+/// The crash points of the outbox relay (`src/outbox/relay.rs`).
+pub const RELAY_CRASH_POINTS: [&str; 1] = [
+    // A claimed batch acknowledged by the broker; not yet marked published.
+    "relay::published",
+];
+
 /// Ends the process at once (SIGABRT: no unwinding, no flush).
 pub fn crash(point: &str) -> ! {
     eprintln!("crash point {point} reached: aborting");

@@ -73,20 +73,6 @@ impl Breaker {
     }
 }
 
-/// The wait before query number `attempt + 1` of a probe request:
-/// `initial * 2^(attempt-1)` capped at `max`, of which a random half
-/// (`draw` in [0, 1)) is kept ("equal jitter": workers that failed together
-/// do not retry together, and none retries at once). A Retry-After the
-/// destination sent is honoured, up to `max`.
-pub fn backoff(attempt: u32, initial: Duration, max: Duration, retry_after: Option<Duration>, draw: f64) -> Duration {
-    let exp = initial.saturating_mul(1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX)).min(max);
-    let jittered = exp / 2 + exp.mul_f64(draw.clamp(0.0, 1.0) / 2.0);
-    match retry_after {
-        Some(r) => jittered.max(r.min(max)),
-        None => jittered,
-    }
-}
-
 /// The limits of one destination.
 pub struct Guard {
     in_flight: Semaphore,
@@ -174,17 +160,5 @@ mod tests {
         b.success();
         assert!(!b.is_open());
         assert!(b.admit(after).is_ok() && b.admit(after).is_ok(), "closed again");
-    }
-
-    #[test]
-    fn backoff_doubles_is_capped_jittered_and_honours_retry_after() {
-        let (i, m) = (Duration::from_millis(100), Duration::from_millis(1000));
-        assert_eq!(backoff(1, i, m, None, 1.0), Duration::from_millis(100));
-        assert_eq!(backoff(1, i, m, None, 0.0), Duration::from_millis(50));
-        assert_eq!(backoff(3, i, m, None, 1.0), Duration::from_millis(400));
-        assert_eq!(backoff(10, i, m, None, 1.0), m);
-        assert_eq!(backoff(40, i, m, None, 1.0), m, "no overflow");
-        assert_eq!(backoff(1, i, m, Some(Duration::from_millis(700)), 0.0), Duration::from_millis(700));
-        assert_eq!(backoff(1, i, m, Some(Duration::from_secs(60)), 0.0), m, "Retry-After capped");
     }
 }

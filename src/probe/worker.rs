@@ -34,9 +34,10 @@ use crate::signature::ControlKeys;
 
 use super::answer::{answer_event, Outcome};
 use super::destination::{Adapter, Finding, ProbeError};
-use super::guard::{backoff, Guard};
+use super::guard::Guard;
 use super::ledger::{Ledger, LedgerError};
 use crate::core::event::ProbeErrorClass;
+use crate::retry::backoff;
 
 /// Why the worker stopped.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 // the decision applied. Run by tests/http.rs; prints one JSON line.
 //
 // usage: node panel.mjs URL OPERATION_ID DECISION TOKEN SCREENSHOT_DIR
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -14,18 +14,8 @@ if (!shots) {
   process.exit(2);
 }
 mkdirSync(shots, { recursive: true });
-const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
-const browser = await chromium.launch({
-  executablePath,
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync"],
-});
 const result = { ok: false };
-const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-const consoleErrors = [];
-page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
-page.on("pageerror", (e) => consoleErrors.push(String(e)));
+const { browser, page, consoleErrors } = await launch();
 try {
   await page.goto(url);
   const row = page.locator(`#queue-body tr[data-operation-id="${operationId}"]`);

@@ -327,7 +327,13 @@ fn metrics_count_what_a_known_run_did_and_state_gauges_survive_a_restart() {
         let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
         let used: std::collections::BTreeSet<&str> = metric.find_iter(&text).map(|x| x.as_str()).collect();
         assert!(used.len() >= 8, "{file} queries too little: {used:?}");
+        // The relay's series are on `reconciler relay`'s own /metrics.
+        let relay = reconciler::metrics::RelayMetrics::new(&::prometheus::Registry::new()).names();
         for name in used {
+            if name.starts_with("reconciler_relay_") {
+                assert!(relay.iter().any(|n| n == name), "{file} queries {name}, which the relay does not export");
+                continue;
+            }
             assert!(m.0.iter().any(|(n, _, _)| n == name), "{file} queries {name}, which /metrics does not expose");
         }
     }
@@ -442,7 +448,10 @@ fn endpoints_that_change_state_require_the_bearer_token() {
 
 /// Publishes the quiet demo workload and waits until all of it is applied.
 fn served_workload(name: &str) -> (Config, Served, Expected, Vec<InputRecord>) {
-    let cfg = quiet_config(name);
+    served_workload_of(quiet_config(name))
+}
+
+fn served_workload_of(cfg: Config) -> (Config, Served, Expected, Vec<InputRecord>) {
     let records = demo::workload(now() - 60_000, 1);
     let x = expect(&cfg, &records);
     let served = Served::start(&cfg);
@@ -581,10 +590,14 @@ fn operator_api_explains_reviews_and_resolves_through_the_log() {
     let nulls = served.metrics().sum("reconciler_dead_letters_total", &[("class", "null_value")]);
     assert!(nulls >= 1.0);
     let (code, text) = redrive(r#"{"class":"null_value","dry_run":true}"#);
+    assert_eq!(code, 200, "a dry run needs no actor: {text}");
+    let (code, text) = redrive(r#"{"class":"null_value"}"#);
+    assert_eq!(code, 400, "a re-drive must say who re-drives: {text}");
+    let (code, text) = redrive(r#"{"class":"null_value","dry_run":true,"actor":"api-test"}"#);
     assert_eq!(code, 200, "{text}");
     let report = json(&text);
     assert_eq!((report["dry_run"].as_bool(), report["sent"].as_f64()), (Some(true), Some(nulls)), "{report}");
-    let (code, text) = redrive(r#"{"class":"null_value"}"#);
+    let (code, text) = redrive(r#"{"class":"null_value","actor":"api-test","note":"producer fixed"}"#);
     assert_eq!(code, 200, "{text}");
     assert_eq!(json(&text)["sent"].as_f64(), Some(nulls), "{text}");
     assert!(
@@ -593,6 +606,28 @@ fn operator_api_explains_reviews_and_resolves_through_the_log() {
             .sum("reconciler_dead_letters_total", &[("class", "null_value")])
             == 2.0 * nulls),
         "the re-driven records were not consumed again"
+    );
+    // The monitor: the re-driven dead letters are audited and not offered
+    // again; their second dead letters (still null) wait.
+    let (code, text) = served.get("/api/dlq");
+    assert_eq!(code, 200, "{text}");
+    let k = &json(&text)["kafka"];
+    assert_eq!(k["redriven"].as_f64(), Some(nulls), "{k}");
+    assert_eq!(k["total"].as_f64().unwrap(), k["waiting"].as_f64().unwrap() + nulls, "{k}");
+    let null_class = k["by_class"].as_array().unwrap().iter().find(|c| c["class"] == "null_value").cloned();
+    assert_eq!(null_class.map(|c| c["count"].as_f64()), Some(Some(nulls)), "{k}");
+    assert_eq!(
+        (k["audit"][0]["actor"].as_str(), k["audit"][0]["note"].as_str()),
+        (Some("api-test"), Some("producer fixed")),
+        "{k}"
+    );
+    assert!(k["samples"][0]["source"]["offset"].is_i64(), "samples carry their provenance: {k}");
+    assert!(k["oldest_waiting_ms"].is_i64(), "{k}");
+    let (code, text) = redrive(r#"{"class":"null_value","dry_run":true,"actor":"api-test"}"#);
+    assert_eq!(
+        (code, json(&text)["sent"].as_f64()),
+        (200, Some(nulls)),
+        "only the new dead letters are offered: {text}"
     );
 }
 
@@ -626,6 +661,79 @@ fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
     let m = v.evidence.manual_decision.as_ref().unwrap();
     assert_eq!(m.actor, "browser-test");
     assert_eq!(m.evidence_checked, vec!["crm record".to_owned(), "panel timeline".to_owned()]);
+}
+
+#[test]
+fn the_dead_letter_tab_redrives_from_the_dlq_and_the_outbox_in_headless_chromium() {
+    let _serial = common::serial();
+    // An outbox with one dead letter, reachable from this instance.
+    let pg = common::postgres::PgCluster::start();
+    pg.execute(reconciler::outbox::SCHEMA);
+    let ev = reconciler::core::event::Event {
+        event_id: "ev-too-large".into(),
+        operation_id: "op-too-large".into(),
+        entity_id: "ent-too-large".into(),
+        operation_type: "sync_customer".into(),
+        seq: Some(1),
+        occurred_at: now(),
+        producer: "crm".into(),
+        body: Body::Started { attempt: 1, worker: "w".into() },
+    };
+    let hex: String = Codec::new().encode_event(&ev).unwrap().iter().map(|b| format!("{b:02x}")).collect();
+    pg.execute(&format!(
+        "INSERT INTO reconciler_outbox (entity_id, event, status, attempts, last_error) \
+         VALUES ('ent-too-large', '\\x{hex}', 'dead_letter', 10, 'MessageSizeTooLarge: Broker: Message size too large')"
+    ));
+    let mut cfg = quiet_config("http-dlq-browser");
+    cfg.relay.connection_env = format!("DLQ_BROWSER_TEST_DB_{}", std::process::id());
+    std::env::set_var(&cfg.relay.connection_env, pg.connection());
+    let (cfg, served, _, _) = served_workload_of(cfg);
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dlq-browser");
+    let result = common::http::drive_dlq_tab(&format!("http://{}/", served.addr()), TOKEN, "dlq-browser");
+    let waiting = result["dlq_rows"].as_u64().unwrap();
+    assert!(waiting >= 1 && result["dlq_first"].as_str().unwrap().contains("null_value"), "{result}");
+    assert_eq!(result["outbox_rows"], 1, "{result}");
+    assert!(result["outbox_first"].as_str().unwrap().contains("MessageSizeTooLarge"), "{result}");
+    assert!(result["outbox_first"].as_str().unwrap().contains("ev-too-large"), "the event is decoded: {result}");
+    assert_eq!(result["badge"].as_str().unwrap(), (waiting + 1).to_string(), "{result}");
+    assert_eq!(result["selected"], "(2 selected)", "{result}");
+    let dry = result["dry_run"].as_str().unwrap();
+    assert!(
+        dry.contains("DLQ: 1 would be re-driven")
+            && dry.contains("outbox: 1 row would be re-driven")
+            && dry.contains("nothing was sent"),
+        "{result}"
+    );
+    assert_eq!(result["still_selected"], "(2 selected)", "a dry run keeps the selection: {result}");
+    let done = result["redriven"].as_str().unwrap();
+    assert!(
+        done.contains("DLQ: 1 re-driven") && done.contains("outbox: 1 row re-driven") && done.contains("browser-test"),
+        "{result}"
+    );
+    let audit = result["audit"].as_array().unwrap();
+    assert!(audit.len() >= 2 && audit.iter().take(2).all(|a| a.as_str().unwrap().contains("browser-test")), "{result}");
+    // What was re-driven is not offered again.
+    let after: Vec<&str> =
+        result["dlq_positions_after"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    assert!(!after.contains(&result["position"].as_str().unwrap()), "{result}");
+    assert_eq!(result["outbox_rows_after"], 0, "{result}");
+    assert!(result["console_errors"].as_array().unwrap().is_empty(), "{result}");
+    for shot in ["1-dead-letters.png", "2-redriven.png"] {
+        assert!(shots.join(shot).metadata().is_ok_and(|m| m.len() > 10_000), "screenshot {shot}");
+    }
+    eprintln!("dead-letter tab screenshots in {}", shots.display());
+
+    // The API, the audit topic and the database say the same.
+    let position = result["position"].as_str().unwrap().replace(':', "/");
+    let audits = reconciler::operator::dlq::audits(&cfg.kafka, &cfg.topics.dlq_audit().unwrap()).unwrap();
+    let a = &audits[&format!("{}/{position}", cfg.topics.dlq)];
+    assert_eq!((a.actor.as_str(), a.to_topic.as_str()), ("browser-test", cfg.topics.events.as_str()));
+    let (code, text) = served.get("/api/dlq");
+    assert_eq!(code, 200, "{text}");
+    let d = json(&text);
+    assert_eq!(d["outbox"]["audit"][0]["actor"], "browser-test", "{d}");
+    assert_eq!(d["outbox"]["pending"], 1, "the re-driven row waits for a relay: {d}");
+    assert_eq!(d["outbox"]["audit"][0]["last_error"], "MessageSizeTooLarge: Broker: Message size too large", "{d}");
 }
 
 #[test]

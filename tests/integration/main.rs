@@ -24,6 +24,7 @@ mod operator;
 mod pipeline;
 mod probe;
 mod prometheus;
+mod relay;
 mod reliability;
 mod scale;
 mod security;
@@ -45,4 +46,11 @@ fn child_instance() {
 #[ignore = "the child process of the probe suite (tests/integration/common/child.rs)"]
 fn probe_child_instance() {
     common::child::probe_child_main();
+}
+
+/// The body of the outbox relay child processes the kill -9 suite starts.
+#[test]
+#[ignore = "the child process of the relay suite (tests/integration/common/child.rs)"]
+fn relay_child_instance() {
+    common::child::relay_child_main();
 }

@@ -43,6 +43,7 @@ fn alert_rules_use_only_exported_metrics() {
     assert!(used.len() >= 8, "the rules cover accumulation, age, lag and readiness: {used:?}");
     let mut exported: BTreeSet<String> = Metrics::new(&[], 0).names().into_iter().collect();
     exported.extend(ProbeMetrics::new(&::prometheus::Registry::new(), []).names());
+    exported.extend(reconciler::metrics::RelayMetrics::new(&::prometheus::Registry::new()).names());
     let unknown: Vec<&String> = used.difference(&exported).collect();
     assert!(unknown.is_empty(), "alerts.yml uses metrics the binary does not export: {unknown:?}");
 }

@@ -57,6 +57,22 @@ fn run_without_control_keys_fails_at_start_naming_the_field() {
     assert!(out.contains("security.control_keys[0]") && out.contains("at least 16"), "{out}");
 }
 
+/// Issue 19: the relay and the outbox commands without a database (or with
+/// a bad setting) fail at once, naming the field; before any broker is
+/// asked.
+#[test]
+fn relay_without_its_connection_variable_fails_at_start_naming_the_field() {
+    for args in [&["relay"][..], &["outbox", "dead-letters"], &["outbox", "redrive", "--id", "1", "--actor", "a"]] {
+        let (ok, out) = reconciler(args, &[("OUTBOX_DATABASE_URL", "")]);
+        assert!(!ok, "{args:?}");
+        assert!(out.contains("relay.connection_env") && out.contains("OUTBOX_DATABASE_URL"), "{args:?}: {out}");
+    }
+    let (ok, out) = reconciler(&["relay"], &[("RECONCILER_RELAY__BATCH_SIZE", "0")]);
+    assert!(!ok && out.contains("relay.batch_size"), "{out}");
+    let (ok, out) = reconciler(&["relay"], &[("OUTBOX_DATABASE_URL", "host=")]);
+    assert!(!ok && out.contains("not a PostgreSQL connection string"), "{out}");
+}
+
 #[test]
 fn missing_config_file_is_named() {
     let (ok, out) = reconciler(&["--config", "/nonexistent/reconciler.toml", "run"], &[]);
@@ -66,7 +82,7 @@ fn missing_config_file_is_named() {
 
 #[test]
 fn every_command_has_help_with_an_example() {
-    let commands: [&[&str]; 11] = [
+    let commands: [&[&str]; 15] = [
         &[],
         &["run"],
         &["config"],
@@ -78,6 +94,10 @@ fn every_command_has_help_with_an_example() {
         &["dlq"],
         &["dlq", "inspect"],
         &["dlq", "redrive"],
+        &["relay"],
+        &["outbox"],
+        &["outbox", "dead-letters"],
+        &["outbox", "redrive"],
     ];
     for cmd in commands {
         let args: Vec<&str> = cmd.iter().copied().chain(["--help"]).collect();

@@ -1,6 +1,9 @@
 // The exception panel: the review queue from /api/review, an operation's
 // evidence and timeline from /api/operations/{id}, and decisions POSTed to
 // /api/operations/{id}/resolve with the bearer token kept in sessionStorage.
+// The Dead letters tab: both dead-letter places from /api/dlq (the DLQ
+// topic and the outbox's dead_letter rows), re-driven (with a dry run
+// first, if wished) through /api/dlq/redrive and /api/dlq/outbox/redrive.
 // When the instance is in a fleet (/api/fleet answers), every request asks
 // for scope=fleet: the queue of every member, each operation from (and each
 // decision to) the member that owns it.
@@ -8,7 +11,7 @@
 "use strict";
 
 const OUTCOMES = ["MISSING", "DIVERGENT", "AMBIGUOUS", "DUPLICATE_EFFECT", "NOT_APPLICABLE", "CORRECT"];
-const state = { queue: [], sortDesc: true, selected: null, lastLoad: null, verdictOf: {}, fleet: null, members: [] };
+const state = { queue: [], sortDesc: true, selected: null, lastLoad: null, verdictOf: {}, fleet: null, members: [], tab: "review", dlq: null };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -367,17 +370,184 @@ async function waitForChange(id, before) {
   return null;
 }
 
+// ---- tabs ------------------------------------------------------------------
+
+function showTab(tab) {
+  state.tab = tab;
+  for (const b of document.querySelectorAll(".tabs button")) b.setAttribute("aria-selected", String(b.dataset.tab === tab));
+  $("queue-section").hidden = tab !== "review";
+  $("detail").hidden = tab !== "review" || !state.selected;
+  $("dlq-section").hidden = tab !== "dlq";
+  history.replaceState(null, "", tab === "dlq" ? "#dlq" : location.pathname + location.search);
+  if (tab === "dlq") loadDlq();
+}
+
+// ---- dead letters ----------------------------------------------------------
+
+async function loadDlq() {
+  try {
+    state.dlq = await getJson("/api/dlq?samples=200");
+    showError("dlq-error", null);
+  } catch (e) {
+    showError("dlq-error", `Could not load the dead letters: ${e.message}`);
+    return;
+  }
+  renderDlq(state.dlq);
+  $("dlq-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+}
+
+function classTable(id, rows, now) {
+  $(id).replaceChildren(...(rows.length ? [el("tr", {}, el("th", {}, "class"), el("th", {}, "waiting"), el("th", {}, "oldest"))] : []),
+    ...rows.map((c) => el("tr", {}, el("td", {}, badge(c.class || "–")), el("td", {}, c.count),
+      el("td", { title: when(c.oldest_ms) }, c.oldest_ms ? humanAge(now - c.oldest_ms) : "–"))));
+}
+
+function renderDlq(d) {
+  // The periodic refresh must not lose what the person selected.
+  const kept = selectedLetters();
+  const now = d.now_ms;
+  const k = d.kafka || {};
+  showError("dlq-kafka-error", k.error ? `The DLQ topic could not be read: ${k.error}` : null);
+  $("dlq-topic").textContent = k.topic || "";
+  $("dlq-counts").textContent = k.error ? "" : `${k.waiting} waiting` + (k.redriven ? `, ${k.redriven} re-driven` : "") +
+    (k.oldest_waiting_ms ? ` · oldest ${humanAge(now - k.oldest_waiting_ms)}` : "");
+  classTable("dlq-classes", k.by_class || [], now);
+  const letters = k.samples || [];
+  $("dlq-body").replaceChildren(...letters.map((l) => {
+    const src = l.source || {};
+    const box = el("input", { type: "checkbox", "data-position": `${l.partition}:${l.offset}`, "aria-label": `select ${l.partition}/${l.offset}` });
+    box.checked = kept.positions.includes(`${l.partition}:${l.offset}`);
+    if (l.truncated_from) { box.disabled = true; box.title = `value truncated from ${l.truncated_from} bytes: cannot be re-driven`; }
+    return el("tr", { "data-position": `${l.partition}:${l.offset}` },
+      el("td", {}, box),
+      el("td", { class: "mono" }, `${l.partition}/${l.offset}`),
+      el("td", { title: when(l.timestamp) }, l.timestamp ? humanAge(now - l.timestamp) : "–"),
+      el("td", {}, badge(l.class)),
+      el("td", {}, el("code", {}, l.key ?? "null")),
+      el("td", { class: "mono" }, `${src.topic}/${src.partition ?? "?"}/${src.offset ?? "?"}`, el("span", { class: "note muted" }, when(src.timestamp))),
+      el("td", { class: "cause" }, l.message, l.redriven_from ? el("span", { class: "note muted" }, `re-driven before, from ${l.redriven_from}`) : null),
+      el("td", {}, ...(l.headers || []).map(([hk, hv]) => el("span", { class: "note mono" }, `${hk} = ${hv ?? "null"}`))));
+  }));
+  $("dlq-letters").hidden = letters.length === 0;
+  $("dlq-empty").hidden = letters.length !== 0 || !!k.error;
+
+  const ob = d.outbox || {};
+  const off = $("ob-off");
+  off.hidden = !!ob.available;
+  off.textContent = ob.available ? "" : `Not shown: ${ob.reason || "the outbox is not reachable from this instance"}.`;
+  $("ob-counts").textContent = ob.available ? `${ob.dead_letters} dead letter${ob.dead_letters === 1 ? "" : "s"}, ${ob.pending} pending` +
+    (ob.oldest_dead_letter_ms ? ` · oldest ${humanAge(now - ob.oldest_dead_letter_ms)}` : "") : "";
+  classTable("ob-classes", ob.available ? ob.by_class : [], now);
+  const rows = ob.available ? ob.samples : [];
+  const obBox = (r) => {
+    const box = el("input", { type: "checkbox", "data-id": r.id, "aria-label": `select row ${r.id}` });
+    box.checked = kept.ids.includes(r.id);
+    return box;
+  };
+  $("ob-body").replaceChildren(...rows.map((r) => el("tr", { "data-id": r.id },
+    el("td", {}, obBox(r)),
+    el("td", { class: "mono" }, r.id),
+    el("td", { title: when(r.created_at_ms) }, humanAge(now - r.created_at_ms)),
+    el("td", {}, badge(r.class)),
+    el("td", {}, el("code", {}, r.entity_id)),
+    el("td", {}, el("code", {}, r.event_id ?? "undecodable"), el("span", { class: "note muted" }, `${r.operation_id ?? ""} · ${r.event_bytes} B`)),
+    el("td", {}, r.attempts),
+    el("td", { class: "cause" }, r.last_error))));
+  $("ob-letters").hidden = rows.length === 0;
+  $("ob-empty").hidden = rows.length !== 0 || !ob.available;
+
+  const audit = [
+    ...(k.audit || []).map((a) => ({ at: a.at_ms, actor: a.actor, place: "DLQ", what: `${a.dead_letter} (${a.class}, key ${a.key ?? "null"}) → ${a.to_topic}`, note: a.note })),
+    ...(ob.available ? ob.audit : []).map((a) => ({ at: a.at_ms, actor: a.actor, place: "outbox", what: `row ${a.outbox_id} (${a.last_error ?? ""})`, note: a.note })),
+  ].sort((a, b) => b.at - a.at);
+  $("audit-body").replaceChildren(...audit.map((a) => el("tr", {},
+    el("td", {}, when(a.at)), el("td", {}, a.actor), el("td", {}, a.place), el("td", { class: "mono" }, a.what), el("td", {}, a.note))));
+  $("dlq-audit").hidden = audit.length === 0;
+  $("audit-empty").hidden = audit.length !== 0;
+
+  const waitingAll = (k.waiting || 0) + (ob.available ? ob.dead_letters : 0);
+  $("dlq-badge").hidden = waitingAll === 0;
+  $("dlq-badge").textContent = String(waitingAll);
+  $("dlq-badge").className = `badge ${waitingAll ? "no" : ""}`;
+  countSelected();
+}
+
+function selectedLetters() {
+  return {
+    positions: [...document.querySelectorAll("#dlq-body input:checked")].map((c) => c.dataset.position),
+    ids: [...document.querySelectorAll("#ob-body input:checked")].map((c) => Number(c.dataset.id)),
+  };
+}
+
+function countSelected() {
+  const { positions, ids } = selectedLetters();
+  const n = positions.length + ids.length;
+  $("rd-selected").textContent = n ? `(${n} selected)` : "(select dead letters above)";
+}
+
+async function submitRedrive(dry) {
+  const token = $("rd-token").value.trim();
+  const actor = $("rd-actor").value.trim();
+  const note = $("rd-note").value.trim();
+  sessionStorage.setItem("reconciler.token", token);
+  localStorage.setItem("reconciler.actor", actor);
+  const result = $("redrive-result");
+  const { positions, ids } = selectedLetters();
+  const fail = (msg) => result.replaceChildren(el("div", { class: "error" }, msg));
+  if (!positions.length && !ids.length) return fail("Select the dead letters to re-drive.");
+  if (!actor) return fail("Say who re-drives (Actor): it goes to the audit.");
+  if (!token) return fail("Enter the API token (http.token) to re-drive.");
+  const headers = { "Content-Type": "application/json", "Authorization": `Bearer ${token}` };
+  const verb = dry ? "would be re-driven" : "re-driven";
+  const lines = [];
+  $("rd-submit").disabled = true;
+  $("rd-dry").disabled = true;
+  try {
+    if (positions.length) {
+      const r = await getJson("/api/dlq/redrive", { method: "POST", headers, body: JSON.stringify({ positions, actor, note, dry_run: dry }) });
+      const skipped = r.items.filter((i) => i.skipped).map((i) => `${i.dlq_partition}/${i.dlq_offset}: ${i.skipped}`);
+      lines.push(`DLQ: ${r.sent} ${verb}` + (skipped.length ? `, ${skipped.length} skipped (${skipped.join("; ")})` : ""));
+    }
+    if (ids.length) {
+      const r = await getJson("/api/dlq/outbox/redrive", { method: "POST", headers, body: JSON.stringify({ ids, actor, note, dry_run: dry }) });
+      lines.push(`outbox: ${r.ids.length} row${r.ids.length === 1 ? "" : "s"} ${verb} (${r.ids.join(", ")})`);
+    }
+    result.replaceChildren(el("div", { class: dry ? "muted" : "success", id: dry ? "redrive-dry" : "redrive-done" },
+      lines.join("; ") + (dry ? ". Dry run: nothing was sent." : `, by ${actor}.`)));
+    if (!dry) await loadDlq();
+  } catch (e) {
+    fail(`${lines.length ? lines.join("; ") + "; but " : ""}not re-driven: ${e.message}.${e.status === 401 ? " Check the token." : ""}`);
+  } finally {
+    $("rd-submit").disabled = false;
+    $("rd-dry").disabled = false;
+  }
+}
+
 // ---- wiring ----------------------------------------------------------------
 
 async function refresh() {
   loadReady();
   await loadFleet();
   await loadQueue();
+  if (state.tab === "dlq") await loadDlq();
 }
 
 document.addEventListener("DOMContentLoaded", async () => {
   $("r-token").value = sessionStorage.getItem("reconciler.token") || "";
   $("r-actor").value = localStorage.getItem("reconciler.actor") || "";
+  $("rd-token").value = $("r-token").value;
+  $("rd-actor").value = $("r-actor").value;
+  for (const b of document.querySelectorAll(".tabs button")) b.addEventListener("click", () => showTab(b.dataset.tab));
+  $("dlq-body").addEventListener("change", countSelected);
+  $("ob-body").addEventListener("change", countSelected);
+  for (const [all, body] of [["dlq-all", "dlq-body"], ["ob-all", "ob-body"]]) {
+    $(all).addEventListener("change", () => {
+      for (const c of document.querySelectorAll(`#${body} input:not([disabled])`)) c.checked = $(all).checked;
+      countSelected();
+    });
+  }
+  $("redrive").addEventListener("submit", (ev) => { ev.preventDefault(); submitRedrive(false); });
+  $("rd-dry").addEventListener("click", () => submitRedrive(true));
   for (const id of ["filter-type", "filter-outcome", "filter-age"]) $(id).addEventListener("change", renderQueue);
   $("filter-waiting").addEventListener("change", loadQueue);
   $("sort-age").addEventListener("click", () => {
@@ -389,6 +559,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("close-detail").addEventListener("click", () => { $("detail").hidden = true; state.selected = null; renderQueue(); });
   $("resolve").addEventListener("submit", submitResolve);
   const params = new URLSearchParams(location.search);
+  if (location.hash === "#dlq") showTab("dlq");
   await refresh();
   setInterval(refresh, 15000);
   if (params.get("op")) openOperation(params.get("op"));

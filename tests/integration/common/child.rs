@@ -248,3 +248,30 @@ pub fn spawn_probe(config: &Path, failpoints: Option<&str>, log: &Path) -> Insta
     let child = cmd.stdout(Stdio::null()).stderr(out).spawn().unwrap();
     Instance { child, log: log.to_owned(), ready_file: log.with_extension("no-ready-file") }
 }
+
+const RELAY_CHILD_CONFIG: &str = "RELAY_CHILD_CONFIG";
+
+/// The body of the `relay_child_instance` test: `reconciler relay` with the
+/// config file named by the environment, until SIGTERM (crash points armed
+/// by `FAILPOINTS`).
+pub fn relay_child_main() {
+    let Some((_failpoints, cfg, shutdown)) = child_setup(RELAY_CHILD_CONFIG) else { return };
+    let registry = ::prometheus::Registry::new();
+    let mut relay = reconciler::outbox::relay::Relay::new(&cfg, &registry).expect("relay starts");
+    relay.run(&shutdown).expect("relay runs");
+}
+
+/// Starts a `reconciler relay` child on `config` (whose `[relay]
+/// connection_env` variable is set to `connection`), `failpoints` armed
+/// when given, logging to `log`.
+pub fn spawn_relay(config: &Path, env: (&str, &str), failpoints: Option<&str>, log: &Path) -> Instance {
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "relay_child_instance", "--ignored", "--nocapture", "--test-threads=1"]);
+    cmd.env(RELAY_CHILD_CONFIG, config).env(env.0, env.1).env("RECONCILER_LOG", "info").env_remove("FAILPOINTS");
+    if let Some(f) = failpoints {
+        cmd.env("FAILPOINTS", f);
+    }
+    let child = cmd.stdout(Stdio::null()).stderr(out).spawn().unwrap();
+    Instance { child, log: log.to_owned(), ready_file: log.with_extension("no-ready-file") }
+}

@@ -47,6 +47,20 @@ fn unchunk(mut s: &str) -> String {
 /// it with `decision` (a wrong token first), screenshots into
 /// `CARGO_TARGET_TMPDIR/{shots}`. Returns the script's JSON result.
 pub fn drive_panel(url: &str, operation_id: &str, decision: &str, token: &str, shots: &str) -> serde_json::Value {
+    browser_script("panel.mjs", &[url, operation_id, decision, token], shots)
+}
+
+/// Drives the panel's Dead letters tab in headless Chromium
+/// (tests/browser/dlq.mjs): selects a dead letter of each place, dry run,
+/// re-drive with `token`, screenshots into `CARGO_TARGET_TMPDIR/{shots}`.
+/// Returns the script's JSON result.
+pub fn drive_dlq_tab(url: &str, token: &str, shots: &str) -> serde_json::Value {
+    browser_script("dlq.mjs", &[url, token], shots)
+}
+
+/// Runs `tests/browser/{script}` with `args` and the screenshot directory;
+/// its last line of output, as JSON.
+fn browser_script(script: &str, args: &[&str], shots: &str) -> serde_json::Value {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
     assert!(
         dir.join("node_modules/playwright-core").exists(),
@@ -54,17 +68,18 @@ pub fn drive_panel(url: &str, operation_id: &str, decision: &str, token: &str, s
     );
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(shots);
     let out = std::process::Command::new("node")
-        .arg(dir.join("panel.mjs"))
-        .args([url, operation_id, decision, token])
+        .arg(dir.join(script))
+        .args(args)
         .arg(&shots)
         .output()
         .expect("node runs (scripts/setup.sh --tests installs it)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "the browser could not resolve {operation_id} at {url}: {stdout}\n{}",
+        "the browser script {script} failed at {}: {stdout}\n{}",
+        args[0],
         String::from_utf8_lossy(&out.stderr)
     );
     let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("the panel script printed no JSON ({e}): {stdout}"))
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{script} printed no JSON ({e}): {stdout}"))
 }

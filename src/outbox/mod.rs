@@ -1,0 +1,122 @@
+//! The producing side of seed 003: a transactional outbox in PostgreSQL
+//! and the relay that publishes it to the input topic (issue 19).
+//!
+//! A service writes each lifecycle event into the outbox table in the same
+//! transaction that changes its own data ([`enqueue`]; any language can do
+//! the same with one INSERT, see `sql/outbox.sql`), so an event exists if
+//! and only if the change committed. `reconciler relay`
+//! ([`relay::Relay`]) claims committed rows with `FOR UPDATE SKIP
+//! LOCKED`, publishes them keyed by entity with the idempotent producer
+//! and marks them published: at least once, each entity's events in
+//! commit order, however many relays run (see [`claim`] for why).
+//!
+//! - `claim`: the SQL of one round: claim, mark, fail, count.
+//! - `relay`: the loop: LISTEN/NOTIFY and polling, publishing, back-off.
+//! - `dead_letter`: the rows that failed `max_attempts` times: list,
+//!   re-drive (with a dry run and an audit record).
+
+pub mod claim;
+pub mod dead_letter;
+pub mod relay;
+
+use tokio_postgres::{Client, GenericClient, NoTls};
+
+use crate::codec::{Codec, EncodeError};
+use crate::core::event::Event;
+
+/// The DDL of the outbox (`sql/outbox.sql`): idempotent, applied by
+/// [`install`] and `reconciler relay --install`.
+pub const SCHEMA: &str = include_str!("../../sql/outbox.sql");
+
+/// The channel the outbox's trigger notifies on each commit.
+pub const CHANNEL: &str = "reconciler_outbox";
+
+/// An outbox operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// PostgreSQL failed or refused a statement.
+    #[error("{context}: {source}")]
+    Db {
+        /// What was being done.
+        context: String,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The event could not be encoded.
+    #[error("encoding the event: {0}")]
+    Encode(#[from] EncodeError),
+    /// A request that cannot be carried out as asked (nothing was done).
+    #[error("{0}")]
+    Invalid(String),
+    /// The outbox table does not exist in the database.
+    #[error("the database has no reconciler_outbox table: apply sql/outbox.sql (or run `reconciler relay --install`)")]
+    NoTable,
+}
+
+impl OutboxError {
+    pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> OutboxError {
+        let context = context.into();
+        move |source| OutboxError::Db { context, source }
+    }
+}
+
+/// Creates the outbox table, its indexes and triggers when missing (every
+/// statement of [`SCHEMA`] is idempotent).
+pub async fn install(client: &impl GenericClient) -> Result<(), OutboxError> {
+    client.batch_execute(SCHEMA).await.map_err(OutboxError::db("installing the outbox schema"))
+}
+
+/// Writes `event` into the outbox within the caller's transaction
+/// (`client` is a `tokio_postgres::Transaction`, or a client inside a
+/// transaction it opened): it is published if and only if that
+/// transaction commits. Returns the row's id.
+///
+/// Two transactions writing events of one entity wait for each other here
+/// (the outbox's per-entity lock, held to commit), so the entity's events
+/// are published in commit order. Write several entities' events in a
+/// fixed order (say, sorted by entity) to keep two such transactions from
+/// deadlocking.
+///
+/// Control events (`DeadlineReached`, `ManualDecision`, `ProbeFailed`) are
+/// not for services: the relay does not sign them, so the reconciler
+/// refuses them as forged.
+pub async fn enqueue(client: &impl GenericClient, codec: &Codec, event: &Event) -> Result<i64, OutboxError> {
+    let bytes = codec.encode_event(event)?;
+    enqueue_bytes(client, &event.entity_id, &bytes).await
+}
+
+/// [`enqueue`] for an event already encoded (the Avro single-object bytes
+/// of an OperationEvent whose `entity_id` is `entity_id`).
+pub async fn enqueue_bytes(client: &impl GenericClient, entity_id: &str, event: &[u8]) -> Result<i64, OutboxError> {
+    let row = client
+        .query_one(
+            "INSERT INTO reconciler_outbox (entity_id, event) VALUES ($1, $2) RETURNING id",
+            &[&entity_id, &event],
+        )
+        .await
+        .map_err(|e| missing_table(e, "writing to the outbox"))?;
+    Ok(row.get(0))
+}
+
+/// `e`, or [`OutboxError::NoTable`] when it says the table is missing.
+pub(crate) fn missing_table(e: tokio_postgres::Error, context: &str) -> OutboxError {
+    if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
+        OutboxError::NoTable
+    } else {
+        OutboxError::db(context)(e)
+    }
+}
+
+/// A connection to the outbox's database, its driver task spawned on the
+/// current runtime.
+pub async fn connect(connection: &str) -> Result<Client, OutboxError> {
+    let (client, conn) =
+        tokio_postgres::connect(connection, NoTls).await.map_err(OutboxError::db("connecting to PostgreSQL"))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "outbox connection closed");
+        }
+    });
+    Ok(client)
+}
