@@ -8,7 +8,9 @@
 --
 -- Apply it once per database (`reconciler relay --install` runs this file;
 -- every statement is idempotent). The table lives in the first schema of
--- the connection's search_path.
+-- the connection's search_path. Needs PostgreSQL 14 or later (CREATE OR
+-- REPLACE TRIGGER). The relays LISTEN and set session options, so they
+-- need a session of their own: not a pooler in transaction mode.
 --
 -- Writing from any language: one INSERT per event, inside the business
 -- transaction.
@@ -25,6 +27,16 @@
 -- publishes in that order. A transaction that writes events of several
 -- entities should write them in a fixed order (say, sorted by entity) so
 -- that two such transactions cannot deadlock on those locks.
+--
+-- Keep the id sequence's CACHE at 1 (the default): with a cache each
+-- session draws from a block of its own, and a writer that waited for the
+-- entity's lock could draw a smaller id than the one it waited for. The
+-- relay refuses to start on a cached sequence.
+--
+-- The NOTIFY on commit wakes the relays at once. PostgreSQL serialises the
+-- commits of notifying transactions on one lock; on a database where that
+-- costs too much, drop the trigger reconciler_outbox_notify: the relays
+-- poll every [relay] poll_interval_ms anyway.
 
 CREATE TABLE IF NOT EXISTS reconciler_outbox (
     id              bigserial   PRIMARY KEY,
@@ -71,7 +83,8 @@ CREATE OR REPLACE FUNCTION reconciler_outbox_order() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('reconciler_outbox:' || NEW.entity_id, 0));
-    NEW.id := nextval(pg_get_serial_sequence('reconciler_outbox', 'id'));
+    -- The table by its own schema, not the writer's search_path.
+    NEW.id := nextval(pg_get_serial_sequence(format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME), 'id'));
     RETURN NEW;
 END
 $$;

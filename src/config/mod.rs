@@ -80,8 +80,8 @@ pub struct Topics {
     pub dlq: String,
     /// The re-drive audit: one record per dead letter re-driven (who, when,
     /// why, where to), JSON keyed by the dead letter's position. A dead
-    /// letter it names is not offered for re-drive again. Created with one
-    /// partition when missing. Unset: the DLQ's name and `.audit`
+    /// letter it names is not offered for re-drive again. Created
+    /// compacted, with one partition, when missing. Unset: the DLQ's name and `.audit`
     /// (`ops.events.dlq.audit`). Empty: no audit (re-driven dead letters
     /// are offered again).
     pub dlq_audit: Option<String>,

@@ -323,6 +323,10 @@ pub(super) async fn redrive(
     .await
 }
 
+/// How long a request waits for the outbox's database (it is the
+/// services' database, not the reconciler's: it may be slow or away).
+const OUTBOX_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `?samples=N` of `GET /api/dlq`: how many dead letters and audit records
 /// of each place to show (default 20, at most 500).
 #[derive(Debug, Default, Deserialize)]
@@ -355,13 +359,17 @@ pub(super) async fn dead_letters(State(s): State<AppState>, Query(q): Query<DlqQ
                 let client = crate::outbox::connect(&connection).await?;
                 crate::outbox::dead_letter::summary(&client, samples).await
             };
-            match read.await {
-                Ok(summary) => {
+            match tokio::time::timeout(OUTBOX_PATIENCE, read).await {
+                Ok(Ok(summary)) => {
                     let mut v = serde_json::to_value(summary).unwrap_or_default();
                     v["available"] = true.into();
                     v
                 }
-                Err(e) => serde_json::json!({ "available": false, "reason": e.to_string() }),
+                Ok(Err(e)) => serde_json::json!({ "available": false, "reason": e.to_string() }),
+                Err(_) => serde_json::json!({
+                    "available": false,
+                    "reason": format!("the outbox's database did not answer within {OUTBOX_PATIENCE:?}")
+                }),
             }
         }
     };
@@ -406,9 +414,16 @@ pub(super) async fn outbox_redrive(
         let mut client = crate::outbox::connect(&connection).await?;
         crate::outbox::dead_letter::redrive(&mut client, &sel, &b.actor, &b.note, b.dry_run).await
     };
-    match done.await {
-        Ok(report) => Json(report).into_response(),
-        Err(crate::outbox::OutboxError::Invalid(m)) => error(StatusCode::BAD_REQUEST, &m),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    // A re-drive that takes longer (a relay's claim waiting for the broker)
+    // is abandoned: its connection closes, and the server rolls back
+    // whatever had not committed.
+    match tokio::time::timeout(OUTBOX_PATIENCE, done).await {
+        Ok(Ok(report)) => Json(report).into_response(),
+        Ok(Err(crate::outbox::OutboxError::Invalid(m))) => error(StatusCode::BAD_REQUEST, &m),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Err(_) => error(
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!("the re-drive did not finish within {OUTBOX_PATIENCE:?} and was abandoned; /api/dlq shows whether it was applied"),
+        ),
     }
 }

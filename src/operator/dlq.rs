@@ -474,9 +474,15 @@ pub fn redrive(
         });
     }
     if !dry_run && !records.is_empty() {
+        // The audit topic first: a re-drive it cannot record does not
+        // happen. Compacted and keyed by the dead letter, so the record of
+        // each re-drive outlives the DLQ's own retention.
+        let audit_topic = topics.dlq_audit();
+        if let Some(t) = &audit_topic {
+            crate::kafka::admin::ensure_compacted(kafka, t, 1, topics.replication_factor)?;
+        }
         let publisher = Publisher::new(kafka, max_record_bytes + crate::records::DLQ_HEADER_ROOM)?;
         publisher.publish_all(records.iter().map(|(r, p, _)| (r, *p)))?;
-        let audit_topic = topics.dlq_audit();
         let audit: Vec<OutboxRecord> = match &audit_topic {
             Some(t) => records
                 .iter()
@@ -501,10 +507,7 @@ pub fn redrive(
                 .collect(),
             None => Vec::new(),
         };
-        if let Some(t) = &audit_topic {
-            crate::kafka::admin::ensure_topics(kafka, &[t.as_str()], 1, topics.replication_factor)?;
-            publisher.publish_all(audit.iter().map(|r| (r, None)))?;
-        }
+        publisher.publish_all(audit.iter().map(|r| (r, None)))?;
         for (_, p, d) in &records {
             tracing::info!(
                 dlq_partition = d.partition,

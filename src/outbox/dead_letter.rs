@@ -90,17 +90,19 @@ fn ms(column: &str) -> String {
 /// (oldest first) and of the latest re-drives.
 pub async fn summary(client: &impl GenericClient, samples: usize) -> Result<OutboxSummary, OutboxError> {
     let limit = i64::try_from(samples).unwrap_or(i64::MAX);
-    let counts = client
+    // Each count with its status as a constant: the partial index of that
+    // status, not the table's published history.
+    let dead = client
         .query_one(
-            &format!(
-                "SELECT count(*) FILTER (WHERE status = 'dead_letter'), count(*) FILTER (WHERE status = 'pending'),
-                        {} FROM reconciler_outbox WHERE status IN ('dead_letter', 'pending')",
-                ms("min(created_at) FILTER (WHERE status = 'dead_letter')")
-            ),
+            &format!("SELECT count(*), {} FROM reconciler_outbox WHERE status = 'dead_letter'", ms("min(created_at)")),
             &[],
         )
         .await
         .map_err(|e| missing_table(e, "counting the outbox"))?;
+    let pending = client
+        .query_one("SELECT count(*) FROM reconciler_outbox WHERE status = 'pending'", &[])
+        .await
+        .map_err(OutboxError::db("counting the outbox"))?;
     let by_class = client
         .query(
             &format!(
@@ -167,21 +169,22 @@ pub async fn summary(client: &impl GenericClient, samples: usize) -> Result<Outb
         })
         .collect();
     Ok(OutboxSummary {
-        dead_letters: counts.get(0),
-        pending: counts.get(1),
-        oldest_dead_letter_ms: counts.get(2),
+        dead_letters: dead.get(0),
+        pending: pending.get(0),
+        oldest_dead_letter_ms: dead.get(1),
         by_class,
         samples,
         audit,
     })
 }
 
-/// Which outbox dead letters to re-drive: ids, or a class, or both.
+/// Which outbox dead letters to re-drive: those with these ids and/or of
+/// this class (both given: the ids, each of which must have the class).
 #[derive(Debug, Clone, Default)]
 pub struct OutboxSelection {
     /// These rows (each must be a dead letter, or nothing is re-driven).
     pub ids: Vec<i64>,
-    /// Every dead letter of this class.
+    /// Dead letters of this class.
     pub class: Option<String>,
 }
 
@@ -213,26 +216,40 @@ pub async fn redrive(
         return Err(invalid("say who re-drives: an actor is required (it goes to the audit)".into()));
     }
     let tx = client.transaction().await.map_err(OutboxError::db("starting a re-drive"))?;
-    let chosen: Vec<i64> = tx
+    let chosen: Vec<(i64, String)> = tx
         .query(
-            "SELECT id FROM reconciler_outbox WHERE status = 'dead_letter'
-               AND (id = ANY($1) OR split_part(COALESCE(last_error, ''), ':', 1) = $2)
+            "SELECT id, entity_id FROM reconciler_outbox WHERE status = 'dead_letter'
+               AND (cardinality($1::int8[]) = 0 OR id = ANY($1))
+               AND ($2::text IS NULL OR split_part(COALESCE(last_error, ''), ':', 1) = $2)
              ORDER BY id FOR UPDATE",
             &[&sel.ids, &sel.class],
         )
         .await
         .map_err(|e| missing_table(e, "choosing dead letters"))?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect();
+    let (chosen, entities): (Vec<i64>, Vec<String>) = chosen.into_iter().unzip();
     let absent: Vec<String> = sel.ids.iter().filter(|id| !chosen.contains(id)).map(i64::to_string).collect();
     if !absent.is_empty() {
         return Err(invalid(format!(
-            "rows {} are not dead letters of the outbox; nothing was re-driven",
-            absent.join(", ")
+            "rows {} are not dead letters of the outbox{}; nothing was re-driven",
+            absent.join(", "),
+            if sel.class.is_some() { " of that class" } else { "" }
         )));
     }
     if !dry_run && !chosen.is_empty() {
+        // Wait for any relay publishing these entities: a re-driven row
+        // becomes its entity's head, and must not be claimed by a second
+        // relay while the first still holds the entity. Rows are locked in
+        // id order, so the head (an entity's smallest pending id) is waited
+        // for before any row behind it is taken.
+        tx.execute(
+            "SELECT 1 FROM reconciler_outbox WHERE status = 'pending' AND entity_id = ANY($1) ORDER BY id FOR UPDATE",
+            &[&entities],
+        )
+        .await
+        .map_err(OutboxError::db("waiting for the relays of the re-driven entities"))?;
         tx.execute(
             "INSERT INTO reconciler_outbox_redrive (outbox_id, actor, note, last_error)
              SELECT id, $2, $3, last_error FROM reconciler_outbox WHERE id = ANY($1)",

@@ -63,8 +63,38 @@ impl OutboxError {
 
 /// Creates the outbox table, its indexes and triggers when missing (every
 /// statement of [`SCHEMA`] is idempotent).
+///
+/// Several relays starting with `--install` at once take turns (an
+/// advisory lock over the whole script, which runs as one transaction),
+/// and none waits more than 10 s for a lock on the table (writers' open
+/// transactions): then the install fails and says so.
 pub async fn install(client: &impl GenericClient) -> Result<(), OutboxError> {
-    client.batch_execute(SCHEMA).await.map_err(OutboxError::db("installing the outbox schema"))
+    let script = format!(
+        "BEGIN; SET LOCAL lock_timeout = '10s'; SELECT pg_advisory_xact_lock(hashtextextended('reconciler_outbox install', 0));\n{SCHEMA}\nCOMMIT;"
+    );
+    client.batch_execute(&script).await.map_err(OutboxError::db("installing the outbox schema"))
+}
+
+/// Refuses an id sequence with a cache (see `sql/outbox.sql`): ids would
+/// no longer follow each entity's commit order.
+pub async fn check_sequence(client: &impl GenericClient) -> Result<(), OutboxError> {
+    let row = client
+        .query_opt(
+            "SELECT s.cache_size FROM pg_sequences s
+             WHERE format('%I.%I', s.schemaname, s.sequencename)::regclass
+                   = pg_get_serial_sequence('reconciler_outbox', 'id')::regclass",
+            &[],
+        )
+        .await
+        .map_err(|e| missing_table(e, "checking the outbox's id sequence"))?;
+    match row.map(|r| r.get::<_, i64>(0)) {
+        Some(1) => Ok(()),
+        Some(n) => Err(OutboxError::Invalid(format!(
+            "the outbox's id sequence has CACHE {n}: ids would not follow each entity's commit order; \
+             ALTER SEQUENCE ... CACHE 1 (sql/outbox.sql says why)"
+        ))),
+        None => Err(OutboxError::NoTable),
+    }
 }
 
 /// Writes `event` into the outbox within the caller's transaction

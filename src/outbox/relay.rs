@@ -101,9 +101,13 @@ struct Db {
 }
 
 impl Db {
-    async fn connect(connection: &str, wake: Arc<Notify>) -> Result<Db, OutboxError> {
+    async fn connect(connection: &str, delivery_timeout: Duration, wake: Arc<Notify>) -> Result<Db, OutboxError> {
         let client = super::connect(connection).await?;
-        client.batch_execute(claim::SESSION_SETTINGS).await.map_err(OutboxError::db("setting up the session"))?;
+        client
+            .batch_execute(&claim::session_settings(delivery_timeout))
+            .await
+            .map_err(OutboxError::db("setting up the session"))?;
+        super::check_sequence(&client).await?;
         let (listening, mut conn) =
             tokio_postgres::connect(connection, NoTls).await.map_err(OutboxError::db("connecting to PostgreSQL"))?;
         let listener = tokio::spawn(async move {
@@ -193,8 +197,10 @@ impl Relay {
         info!(topic = %self.topic, batch_size = self.cfg.batch_size, "relay: started");
         while !shutdown.load(Ordering::Relaxed) {
             if db.as_ref().is_none_or(Db::broken) {
-                db = match Db::connect(&self.connection, wake.clone()).await {
+                let delivery = Duration::from_millis(self.cfg.delivery_timeout_ms);
+                db = match Db::connect(&self.connection, delivery, wake.clone()).await {
                     Ok(d) => Some(d),
+                    Err(e @ (OutboxError::NoTable | OutboxError::Invalid(_))) => return Err(e.into()),
                     Err(e) => {
                         stalls += 1;
                         warn!(error = %e, "relay: PostgreSQL unreachable; retrying");

@@ -339,6 +339,45 @@ fn rows_wait_out_a_broker_outage_and_a_refused_row_becomes_a_dead_letter_without
     for e in 0..50 {
         assert_eq!(order[&format!("ent-{e}")], vec![1, 2, 3, 4], "ent-{e} out of commit order");
     }
+
+    // A re-drive makes the dead letter pending again, audited; refused
+    // again (still too large), it is a new dead letter with fresh attempts.
+    let (dead_id, report) = o.rt.block_on(async {
+        let mut c = o.client().await;
+        let dead: i64 =
+            c.query_one("SELECT id FROM reconciler_outbox WHERE status = 'dead_letter'", &[]).await.unwrap().get(0);
+        use reconciler::outbox::dead_letter::{redrive, OutboxSelection};
+        let wrong = OutboxSelection { ids: vec![dead], class: Some("InvalidRecord".into()) };
+        let e = redrive(&mut c, &wrong, "ana", "", false).await.unwrap_err().to_string();
+        assert!(e.contains("not dead letters of the outbox of that class"), "ids and class together mean both: {e}");
+        let by_class = OutboxSelection { ids: vec![], class: Some("MessageSizeTooLarge".into()) };
+        let dry = redrive(&mut c, &by_class, "", "", true).await.unwrap();
+        assert_eq!((dry.dry_run, dry.ids.clone()), (true, vec![dead]), "a dry run needs no actor and changes nothing");
+        (dead, redrive(&mut c, &by_class, "ana", "limit raised", false).await.unwrap())
+    });
+    assert_eq!(report.ids, vec![dead_id]);
+    assert_eq!(
+        o.number("SELECT count(*) FROM reconciler_outbox_redrive WHERE actor = 'ana' AND note = 'limit raised'"),
+        1
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || o.number(&format!(
+            "SELECT count(*) FROM reconciler_outbox WHERE id = {dead_id} AND status = 'dead_letter' AND attempts = 2"
+        )) == 1
+            && o.number("SELECT count(*) FROM reconciler_outbox_redrive") == 1),
+        "the re-driven row was not tried again"
+    );
     shutdown.store(true, Ordering::Relaxed);
     running.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_relay_refuses_an_id_sequence_with_a_cache() {
+    let _serial = common::serial();
+    let o = Outbox::new("relay-cache", None);
+    o.pg.execute("ALTER SEQUENCE reconciler_outbox_id_seq CACHE 20");
+    let registry = prometheus::Registry::new();
+    let mut relay = reconciler::outbox::relay::Relay::new(&o.cfg, &registry).unwrap();
+    let e = relay.run(&AtomicBool::new(false)).unwrap_err().to_string();
+    assert!(e.contains("CACHE 20") && e.contains("commit order"), "{e}");
 }

@@ -11,7 +11,7 @@
 "use strict";
 
 const OUTCOMES = ["MISSING", "DIVERGENT", "AMBIGUOUS", "DUPLICATE_EFFECT", "NOT_APPLICABLE", "CORRECT"];
-const state = { queue: [], sortDesc: true, selected: null, lastLoad: null, verdictOf: {}, fleet: null, members: [], tab: "review", dlq: null };
+const state = { queue: [], sortDesc: true, selected: null, lastLoad: null, verdictOf: {}, fleet: null, members: [], tab: "review", dlq: null, dlqRequest: 0 };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -385,13 +385,19 @@ function showTab(tab) {
 // ---- dead letters ----------------------------------------------------------
 
 async function loadDlq() {
+  // Only the latest request is shown: a slow answer to an older one (the
+  // periodic refresh) must not overwrite the reload after a re-drive.
+  const mine = ++state.dlqRequest;
+  let d;
   try {
-    state.dlq = await getJson("/api/dlq?samples=200");
-    showError("dlq-error", null);
+    d = await getJson("/api/dlq?samples=200");
   } catch (e) {
-    showError("dlq-error", `Could not load the dead letters: ${e.message}`);
+    if (mine === state.dlqRequest) showError("dlq-error", `Could not load the dead letters: ${e.message}`);
     return;
   }
+  if (mine !== state.dlqRequest) return;
+  showError("dlq-error", null);
+  state.dlq = d;
   renderDlq(state.dlq);
   $("dlq-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
 }
@@ -465,6 +471,8 @@ function renderDlq(d) {
   $("dlq-audit").hidden = audit.length === 0;
   $("audit-empty").hidden = audit.length !== 0;
 
+  $("dlq-all").checked = false;
+  $("ob-all").checked = false;
   const waitingAll = (k.waiting || 0) + (ob.available ? ob.dead_letters : 0);
   $("dlq-badge").hidden = waitingAll === 0;
   $("dlq-badge").textContent = String(waitingAll);
