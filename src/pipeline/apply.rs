@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{PipelineError, Stats};
 use crate::codec::Codec;
@@ -150,7 +150,10 @@ impl<'a> Applier<'a> {
             match &o {
                 Output::Verdict(v) => {
                     stats.verdicts += 1;
-                    info!(operation_id = %v.operation_id, entity_id = %v.entity_id, outcome = v.outcome.as_str(), action = v.action.as_str(), "Verdict");
+                    // At debug, like anomalies: the verdict topic is the audit
+                    // trail, and a line per verdict at the default level cost
+                    // the pipeline 5-8% of its CPU (BENCHMARKS.md, issue 20).
+                    debug!(operation_id = %v.operation_id, entity_id = %v.entity_id, outcome = v.outcome.as_str(), action = v.action.as_str(), "Verdict");
                 }
                 Output::Anomaly(a) => {
                     stats.anomalies += 1;
