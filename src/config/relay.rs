@@ -102,6 +102,18 @@ impl RelayConfig {
         Ok(())
     }
 
+    /// `delivery_timeout_ms` as a duration.
+    pub fn delivery_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.delivery_timeout_ms)
+    }
+
+    /// The wait after failure number `attempt` (a row's, or the relay's
+    /// during an outage), with the jitter `draw` in [0, 1) picks.
+    pub fn backoff(&self, attempt: u32, draw: f64) -> std::time::Duration {
+        let ms = std::time::Duration::from_millis;
+        crate::retry::backoff(attempt, ms(self.backoff_initial_ms), ms(self.backoff_max_ms), None, draw)
+    }
+
     /// The address of the relay's metrics server, or `None` when it is off.
     pub fn bind_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
         bind_addr("relay.bind", &self.bind)

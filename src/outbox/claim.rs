@@ -153,24 +153,38 @@ pub async fn failed(
     Ok(row.get::<_, &str>(0) == "dead_letter")
 }
 
-/// The rows waiting in the outbox, by status (`pending`, `dead_letter`):
-/// how many, and the age of the oldest in seconds (0 when none). One query
-/// per status, each with its status as a constant, so that it reads that
-/// status's partial index and not the table's published history.
-pub async fn waiting(client: &impl GenericClient) -> Result<Vec<(String, i64, f64)>, OutboxError> {
+/// The rows of one status waiting in the outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Waiting {
+    /// `pending` or `dead_letter`.
+    pub status: &'static str,
+    /// How many.
+    pub rows: i64,
+    /// When the oldest was written, ms since the epoch (`None`: none).
+    pub oldest_ms: Option<i64>,
+    /// Its age in seconds by the database's clock (0 when none).
+    pub oldest_age_secs: f64,
+}
+
+/// The rows waiting in the outbox, by status (`pending`, then
+/// `dead_letter`). One query per status, each with its status as a
+/// constant, so that it reads that status's partial index and not the
+/// table's published history.
+pub async fn waiting(client: &impl GenericClient) -> Result<Vec<Waiting>, OutboxError> {
     let mut out = Vec::new();
     for status in ["pending", "dead_letter"] {
         let row = client
             .query_one(
                 &format!(
-                    "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
+                    "SELECT count(*), (EXTRACT(EPOCH FROM min(created_at)) * 1000)::int8,
+                            COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
                      FROM reconciler_outbox WHERE status = '{status}'"
                 ),
                 &[],
             )
             .await
             .map_err(|e| missing_table(e, "counting the outbox"))?;
-        out.push((status.to_owned(), row.get(0), row.get(1)));
+        out.push(Waiting { status, rows: row.get(0), oldest_ms: row.get(1), oldest_age_secs: row.get(2) });
     }
     Ok(out)
 }

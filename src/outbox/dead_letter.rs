@@ -80,33 +80,26 @@ pub struct OutboxSummary {
     pub audit: Vec<OutboxRedrive>,
 }
 
-const MS: &str = "(EXTRACT(EPOCH FROM {}) * 1000)::int8";
-
+/// A timestamp column as ms since the epoch.
 fn ms(column: &str) -> String {
-    MS.replace("{}", column)
+    format!("(EXTRACT(EPOCH FROM {column}) * 1000)::int8")
 }
+
+/// A dead letter's class: its `last_error` up to the first `:`, which the
+/// relay writes as the broker's error code name (`MessageSizeTooLarge: ...`).
+const CLASS: &str = "split_part(COALESCE(last_error, ''), ':', 1)";
 
 /// The outbox's dead letters: counts by class, up to `samples` of them
 /// (oldest first) and of the latest re-drives.
 pub async fn summary(client: &impl GenericClient, samples: usize) -> Result<OutboxSummary, OutboxError> {
     let limit = i64::try_from(samples).unwrap_or(i64::MAX);
-    // Each count with its status as a constant: the partial index of that
-    // status, not the table's published history.
-    let dead = client
-        .query_one(
-            &format!("SELECT count(*), {} FROM reconciler_outbox WHERE status = 'dead_letter'", ms("min(created_at)")),
-            &[],
-        )
-        .await
-        .map_err(|e| missing_table(e, "counting the outbox"))?;
-    let pending = client
-        .query_one("SELECT count(*) FROM reconciler_outbox WHERE status = 'pending'", &[])
-        .await
-        .map_err(OutboxError::db("counting the outbox"))?;
+    let waiting = super::claim::waiting(client).await?;
+    let of = |status: &str| waiting.iter().find(|w| w.status == status).cloned();
+    let (dead, pending) = (of("dead_letter"), of("pending"));
     let by_class = client
         .query(
             &format!(
-                "SELECT split_part(COALESCE(last_error, ''), ':', 1) AS class, count(*), {}
+                "SELECT {CLASS} AS class, count(*), {}
                  FROM reconciler_outbox WHERE status = 'dead_letter' GROUP BY class ORDER BY count(*) DESC, class",
                 ms("min(created_at)")
             ),
@@ -121,7 +114,7 @@ pub async fn summary(client: &impl GenericClient, samples: usize) -> Result<Outb
     let rows = client
         .query(
             &format!(
-                "SELECT id, entity_id, event, {}, attempts, COALESCE(last_error, '')
+                "SELECT id, entity_id, event, {}, attempts, COALESCE(last_error, ''), {CLASS}
                  FROM reconciler_outbox WHERE status = 'dead_letter' ORDER BY created_at, id LIMIT $1",
                 ms("created_at")
             ),
@@ -134,7 +127,6 @@ pub async fn summary(client: &impl GenericClient, samples: usize) -> Result<Outb
         .map(|r| {
             let event: Vec<u8> = r.get(2);
             let decoded = codec.decode_event(&event).ok();
-            let last_error: String = r.get(5);
             OutboxDeadLetter {
                 id: r.get(0),
                 entity_id: r.get(1),
@@ -142,8 +134,8 @@ pub async fn summary(client: &impl GenericClient, samples: usize) -> Result<Outb
                 operation_id: decoded.map(|e| e.operation_id),
                 created_at_ms: r.get(3),
                 attempts: r.get(4),
-                class: last_error.split(':').next().unwrap_or_default().to_owned(),
-                last_error,
+                class: r.get(6),
+                last_error: r.get(5),
                 event_bytes: event.len(),
             }
         })
@@ -169,9 +161,9 @@ pub async fn summary(client: &impl GenericClient, samples: usize) -> Result<Outb
         })
         .collect();
     Ok(OutboxSummary {
-        dead_letters: dead.get(0),
-        pending: pending.get(0),
-        oldest_dead_letter_ms: dead.get(1),
+        dead_letters: dead.as_ref().map_or(0, |w| w.rows),
+        pending: pending.map_or(0, |w| w.rows),
+        oldest_dead_letter_ms: dead.and_then(|w| w.oldest_ms),
         by_class,
         samples,
         audit,
@@ -218,10 +210,12 @@ pub async fn redrive(
     let tx = client.transaction().await.map_err(OutboxError::db("starting a re-drive"))?;
     let chosen: Vec<(i64, String)> = tx
         .query(
-            "SELECT id, entity_id FROM reconciler_outbox WHERE status = 'dead_letter'
-               AND (cardinality($1::int8[]) = 0 OR id = ANY($1))
-               AND ($2::text IS NULL OR split_part(COALESCE(last_error, ''), ':', 1) = $2)
-             ORDER BY id FOR UPDATE",
+            &format!(
+                "SELECT id, entity_id FROM reconciler_outbox WHERE status = 'dead_letter'
+                   AND (cardinality($1::int8[]) = 0 OR id = ANY($1))
+                   AND ($2::text IS NULL OR {CLASS} = $2)
+                 ORDER BY id FOR UPDATE"
+            ),
             &[&sel.ids, &sel.class],
         )
         .await

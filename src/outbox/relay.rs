@@ -38,7 +38,6 @@ use crate::kafka::watermarks::Watermarks;
 use crate::kafka::KafkaError;
 use crate::metrics::{RelayFailure, RelayMetrics};
 use crate::pipeline::faults;
-use crate::retry::backoff;
 
 /// The header that names the outbox row a record was published from (the
 /// same on a re-publication, so duplicates stay byte-identical).
@@ -156,9 +155,8 @@ impl Relay {
         crate::kafka::connect::check_credentials(&cfg.kafka)?;
         Watermarks::new(&cfg.kafka)?.partition_count(&cfg.topics.events)?;
         let max_message_bytes = cfg.consumer.max_record_bytes;
-        let delivery = Duration::from_millis(cfg.relay.delivery_timeout_ms);
         Ok(Relay {
-            producer: KeyedProducer::new(&cfg.kafka, max_message_bytes, delivery)?,
+            producer: KeyedProducer::new(&cfg.kafka, max_message_bytes, cfg.relay.delivery_timeout())?,
             cfg: cfg.relay.clone(),
             kafka: cfg.kafka.clone(),
             max_message_bytes,
@@ -197,8 +195,7 @@ impl Relay {
         info!(topic = %self.topic, batch_size = self.cfg.batch_size, "relay: started");
         while !shutdown.load(Ordering::Relaxed) {
             if db.as_ref().is_none_or(Db::broken) {
-                let delivery = Duration::from_millis(self.cfg.delivery_timeout_ms);
-                db = match Db::connect(&self.connection, delivery, wake.clone()).await {
+                db = match Db::connect(&self.connection, self.cfg.delivery_timeout(), wake.clone()).await {
                     Ok(d) => Some(d),
                     Err(e @ (OutboxError::NoTable | OutboxError::Invalid(_))) => return Err(e.into()),
                     Err(e) => {
@@ -213,7 +210,7 @@ impl Relay {
             if counted.is_none_or(|t| t.elapsed() >= count_every) {
                 counted = Some(Instant::now());
                 match claim::waiting(&d.client).await {
-                    Ok(rows) => rows.iter().for_each(|(s, n, age)| self.metrics.set_outbox(s, *n, *age)),
+                    Ok(all) => all.iter().for_each(|w| self.metrics.set_outbox(w.status, w.rows, w.oldest_age_secs)),
                     Err(OutboxError::NoTable) => return Err(OutboxError::NoTable.into()),
                     Err(e) => warn!(error = %e, "relay: counting the outbox failed"),
                 }
@@ -288,11 +285,9 @@ impl Relay {
             }
         }
         claim::published(&tx, &done, self.cfg.on_published == OnPublished::Delete).await?;
-        let (initial, max) =
-            (Duration::from_millis(self.cfg.backoff_initial_ms), Duration::from_millis(self.cfg.backoff_max_ms));
         for (row, code) in &charged {
             let attempt = u32::try_from(row.attempts).unwrap_or(0) + 1;
-            let retry_in = backoff(attempt, initial, max, None, fastrand::f64());
+            let retry_in = self.cfg.backoff(attempt, fastrand::f64());
             let error = format!("{code:?}: {code}");
             if claim::failed(&tx, row.id, &error, self.cfg.max_attempts, retry_in).await? {
                 round.dead_lettered += 1;
@@ -320,8 +315,7 @@ impl Relay {
             // 0.6) every produce of a producer that lived through the
             // broker's restart answered with UNKNOWN_SERVER_ERROR.
             tracing::debug!(error = %code, "relay: replacing the producer after a failed round");
-            let delivery = Duration::from_millis(self.cfg.delivery_timeout_ms);
-            match KeyedProducer::new(&self.kafka, self.max_message_bytes, delivery) {
+            match KeyedProducer::new(&self.kafka, self.max_message_bytes, self.cfg.delivery_timeout()) {
                 Ok(p) => self.producer = p,
                 Err(e) => warn!(error = %e, "relay: creating a new producer failed"),
             }
@@ -357,9 +351,7 @@ impl Relay {
 
     /// Waits out the back-off of the `stalls`-th failure in a row.
     async fn pause(&self, stalls: u32, shutdown: &AtomicBool) {
-        let (initial, max) =
-            (Duration::from_millis(self.cfg.backoff_initial_ms), Duration::from_millis(self.cfg.backoff_max_ms));
-        let until = Instant::now() + backoff(stalls, initial, max, None, fastrand::f64());
+        let until = Instant::now() + self.cfg.backoff(stalls, fastrand::f64());
         while !shutdown.load(Ordering::Relaxed) && Instant::now() < until {
             tokio::time::sleep(until.saturating_duration_since(Instant::now()).min(SLICE)).await;
         }

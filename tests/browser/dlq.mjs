@@ -5,7 +5,7 @@
 // shows afterwards. Run by tests/integration/http.rs; prints one JSON line.
 //
 // usage: node dlq.mjs URL TOKEN SCREENSHOT_DIR
-import { launch } from "./launch.mjs";
+import { drive } from "./launch.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -15,9 +15,7 @@ if (!shots) {
   process.exit(2);
 }
 mkdirSync(shots, { recursive: true });
-const result = { ok: false };
-const { browser, page, consoleErrors } = await launch();
-try {
+await drive(shots, async (page, result) => {
   await page.goto(url);
   // The tab is reached from the review queue, as a person would.
   await page.click("#tab-dlq");
@@ -58,16 +56,4 @@ try {
   result.dlq_positions_after = await page.locator("#dlq-body tr").evaluateAll((rows) => rows.map((r) => r.dataset.position));
   result.outbox_rows_after = await page.locator("#ob-body tr").count();
   await page.screenshot({ path: join(shots, "2-redriven.png"), fullPage: true });
-  result.ok = true;
-} catch (e) {
-  result.error = String(e && e.message ? e.message : e);
-  try {
-    result.page_errors = await page.locator(".error:not([hidden])").allInnerTexts();
-    await page.screenshot({ path: join(shots, "failure.png"), fullPage: true });
-  } catch (_) { /* the page is gone */ }
-} finally {
-  result.console_errors = consoleErrors;
-  await browser.close();
-}
-console.log(JSON.stringify(result));
-process.exit(result.ok ? 0 : 1);
+});

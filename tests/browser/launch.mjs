@@ -1,9 +1,13 @@
 // What the browser scripts share: Debian's headless Chromium, a page of
-// the panel's size, and every console error and page error collected.
+// the panel's size, every console and page error collected, and the end
+// of a run: a screenshot and the visible errors when a step failed, one
+// JSON line of results, the exit code.
 import { chromium } from "playwright-core";
+import { join } from "node:path";
 
-/** The browser, a page and the list its errors are collected into. */
-export async function launch() {
+/** Runs `steps(page, result)` in a fresh browser, then prints `result` as
+ * one JSON line and exits 0 if every step passed, else 1. */
+export async function drive(shots, steps) {
   const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
   const browser = await chromium.launch({
     executablePath,
@@ -15,5 +19,20 @@ export async function launch() {
   const consoleErrors = [];
   page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
   page.on("pageerror", (e) => consoleErrors.push(String(e)));
-  return { browser, page, consoleErrors };
+  const result = { ok: false };
+  try {
+    await steps(page, result);
+    result.ok = true;
+  } catch (e) {
+    result.error = String(e && e.message ? e.message : e);
+    try {
+      result.page_errors = await page.locator(".error:not([hidden])").allInnerTexts();
+      await page.screenshot({ path: join(shots, "failure.png"), fullPage: true });
+    } catch (_) { /* the page is gone */ }
+  } finally {
+    result.console_errors = consoleErrors;
+    await browser.close();
+  }
+  console.log(JSON.stringify(result));
+  process.exit(result.ok ? 0 : 1);
 }

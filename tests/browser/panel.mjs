@@ -4,7 +4,7 @@
 // the decision applied. Run by tests/http.rs; prints one JSON line.
 //
 // usage: node panel.mjs URL OPERATION_ID DECISION TOKEN SCREENSHOT_DIR
-import { launch } from "./launch.mjs";
+import { drive } from "./launch.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -14,9 +14,7 @@ if (!shots) {
   process.exit(2);
 }
 mkdirSync(shots, { recursive: true });
-const result = { ok: false };
-const { browser, page, consoleErrors } = await launch();
-try {
+await drive(shots, async (page, result) => {
   await page.goto(url);
   const row = page.locator(`#queue-body tr[data-operation-id="${operationId}"]`);
   await row.waitFor({ timeout: 20000 });
@@ -51,16 +49,4 @@ try {
   result.state = await page.locator("#d-facts dd").first().innerText();
   await page.screenshot({ path: join(shots, "3-resolved.png"), fullPage: true });
   result.queue_rows_after = await page.locator("#queue-body tr").count();
-  result.ok = true;
-} catch (e) {
-  result.error = String(e && e.message ? e.message : e);
-  try {
-    result.page_errors = await page.locator(".error:not([hidden])").allInnerTexts();
-    await page.screenshot({ path: join(shots, "failure.png"), fullPage: true });
-  } catch (_) { /* the page is gone */ }
-} finally {
-  result.console_errors = consoleErrors;
-  await browser.close();
-}
-console.log(JSON.stringify(result));
-process.exit(result.ok ? 0 : 1);
+});
