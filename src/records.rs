@@ -54,11 +54,45 @@ pub struct OutboxRecord {
     /// The destination topic.
     pub topic: String,
     /// The key (the entity, for the core's outputs).
+    #[serde(with = "serde_bytes")]
     pub key: Option<Vec<u8>>,
     /// The value (`None`: a null value, kept for dead letters).
+    #[serde(with = "serde_bytes")]
     pub value: Option<Vec<u8>>,
     /// The headers, in order.
+    #[serde(with = "header_bytes")]
     pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl OutboxRecord {
+    /// At least the bytes it takes stored (postcard: each field's bytes
+    /// plus at most 10 bytes of length and tag), for sizing buffers.
+    pub fn stored_size(&self) -> usize {
+        let field = |b: &Option<Vec<u8>>| 10 + b.as_ref().map_or(0, Vec::len);
+        10 + self.topic.len()
+            + field(&self.key)
+            + field(&self.value)
+            + 10
+            + self.headers.iter().map(|(k, v)| 10 + k.len() + field(v)).sum::<usize>()
+    }
+}
+
+/// Headers with their values as byte strings (see `serde_bytes` on
+/// [`OutboxRecord`]); the same bytes in postcard as the derived form.
+mod header_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_bytes::{ByteBuf, Bytes};
+
+    type Headers = Vec<(String, Option<Vec<u8>>)>;
+
+    pub fn serialize<S: Serializer>(headers: &[(String, Option<Vec<u8>>)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(headers.iter().map(|(k, v)| (k, v.as_deref().map(Bytes::new))))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Headers, D::Error> {
+        let headers: Vec<(String, Option<ByteBuf>)> = Vec::deserialize(d)?;
+        Ok(headers.into_iter().map(|(k, v)| (k, v.map(ByteBuf::into_vec))).collect())
+    }
 }
 
 /// A record for the input topic, as the workloads (the demo, loadgen)
@@ -230,4 +264,47 @@ pub fn output_record(codec: &Codec, t: &Topics, o: &Output) -> Result<OutboxReco
         value: Some(value),
         headers: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The form stored before the byte fields were `serde_bytes`.
+    #[derive(Serialize)]
+    struct Derived {
+        topic: String,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<(String, Option<Vec<u8>>)>,
+    }
+
+    fn sample() -> OutboxRecord {
+        OutboxRecord {
+            topic: "ops.verdicts".into(),
+            key: Some(b"cust-1".to_vec()),
+            value: Some((0..=255).collect()),
+            headers: vec![("a".into(), Some(vec![0, 1, 2])), ("null".into(), None), ("empty".into(), Some(vec![]))],
+        }
+    }
+
+    #[test]
+    fn stored_outboxes_keep_their_bytes_and_read_back() {
+        let mut records = vec![sample(), OutboxRecord { key: None, value: None, headers: vec![], ..sample() }];
+        records[1].topic = "ops.events.dlq".into();
+        let derived: Vec<Derived> = records
+            .iter()
+            .map(|r| Derived {
+                topic: r.topic.clone(),
+                key: r.key.clone(),
+                value: r.value.clone(),
+                headers: r.headers.clone(),
+            })
+            .collect();
+        let bytes = postcard::to_allocvec(&records).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec(&derived).unwrap(), "the same bytes as the derived form");
+        assert!(records.iter().map(OutboxRecord::stored_size).sum::<usize>() >= bytes.len());
+        let back: Vec<OutboxRecord> = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, records);
+    }
 }

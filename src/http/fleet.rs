@@ -60,7 +60,7 @@ pub(super) async fn review(s: &AppState, query: &str) -> Response {
         Ok((_, m)) => m,
         Err(r) => return *r,
     };
-    Json(client::review(&s.client, &members, query).await).into_response()
+    Json(client::review(s.client(), &members, query).await).into_response()
 }
 
 /// The operation as its owner explains it, with the owner's URL as
@@ -70,7 +70,7 @@ pub(super) async fn operation(s: &AppState, id: &str) -> Response {
         Ok((_, m)) => m,
         Err(r) => return *r,
     };
-    match client::find(&s.client, &members, id).await {
+    match client::find(s.client(), &members, id).await {
         Some((_, body)) => Json(body).into_response(),
         None => error(StatusCode::NOT_FOUND, &format!("no live member of the fleet owns operation {id}")),
     }
@@ -90,12 +90,12 @@ pub(super) async fn resolve(
         Ok((_, m)) => m,
         Err(r) => return *r,
     };
-    let Some((owner, _)) = client::find(&s.client, &members, id).await else {
+    let Some((owner, _)) = client::find(s.client(), &members, id).await else {
         return error(StatusCode::NOT_FOUND, &format!("no live member of the fleet owns operation {id}"));
     };
     let encoded = percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC);
     let url = format!("{owner}/api/operations/{encoded}/resolve");
-    match client::post_json(&s.client, &url, authorization, caller, body).await {
+    match client::post_json(s.client(), &url, authorization, caller, body).await {
         Ok((status, mut answer)) => {
             if let Value::Object(o) = &mut answer {
                 o.insert("instance".into(), Value::String(owner));

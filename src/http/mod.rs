@@ -73,8 +73,10 @@ pub struct AppState {
     /// This instance in the fleet, once it is announced (see
     /// [`Fleet::start`]): `?scope=fleet` asks every member.
     pub fleet: Arc<OnceLock<FleetView>>,
-    /// The client that asks the other members.
-    pub client: reqwest::Client,
+    /// The client that asks the other members, made on first use: building
+    /// it loads the system's TLS roots (about 50 ms), which held up the
+    /// start of every pipeline, fleet or not.
+    pub client: Arc<OnceLock<reqwest::Client>>,
     /// The partitions the pipeline writes (standby replicas write only the
     /// others).
     pub claims: Claims,
@@ -101,8 +103,13 @@ impl AppState {
             owned: Some(pipeline.ownership()),
             claims: pipeline.claims(),
             fleet: Arc::new(OnceLock::new()),
-            client: crate::fleet::client::http_client(),
+            client: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The client that asks the other members.
+    pub fn client(&self) -> &reqwest::Client {
+        self.client.get_or_init(crate::fleet::client::http_client)
     }
 
     /// Whether the pipeline owns `partition` now (always, without one).

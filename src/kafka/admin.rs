@@ -69,6 +69,7 @@ fn create(kafka: &BTreeMap<String, String>, new: Vec<NewTopic<'_>>) -> Result<us
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results =
         futures::executor::block_on(admin.create_topics(&new, &opts)).map_err(KafkaError::client("creating topics"))?;
+    super::drop_in_background(admin);
     let mut created = 0;
     for r in results {
         match r {

@@ -64,11 +64,14 @@ pub fn check_credentials(kafka: &BTreeMap<String, String>) -> Result<(), KafkaEr
         // Error callbacks are served by polling (nothing is assigned: no
         // record can come).
         let _ = client.poll(Duration::ZERO);
-        if let Some(reason) = client.context().refused.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        let refused = client.context().refused.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(reason) = refused {
             let brokers = kafka.get("bootstrap.servers").cloned().unwrap_or_default();
+            super::drop_in_background(client);
             return Err(KafkaError::Authentication { brokers, reason });
         }
         if answered || Instant::now() >= until {
+            super::drop_in_background(client);
             return Ok(());
         }
     }

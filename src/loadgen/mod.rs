@@ -24,6 +24,7 @@ pub mod scenario;
 pub mod truth;
 pub mod verify;
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -31,7 +32,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::clock::now_ms;
 use crate::codec::{Codec, EncodeError};
 use crate::config::Config;
-use crate::kafka::producer::Publisher;
+use crate::kafka::producer::{Publisher, Ticket};
 use crate::kafka::KafkaError;
 use crate::records::OutboxRecord;
 use crate::records::Record;
@@ -242,6 +243,8 @@ pub fn publish(
     progress: bool,
 ) -> Result<(Published, GroundTruth), LoadgenError> {
     const CHUNK: usize = 10_000;
+    /// Paced chunks sent and not yet acknowledged, at most.
+    const MAX_UNACKNOWLEDGED: usize = 256;
     let codec = Codec::new();
     // The workload's operator decisions are signed as `resolve` signs
     // them: the reconciler applies them only then (issue 18).
@@ -255,25 +258,39 @@ pub fn publish(
     let started = Instant::now();
     let mut chunk: Vec<OutboxRecord> = Vec::with_capacity(CHUNK);
     let mut records = 0u64;
-    let flush = |chunk: &mut Vec<OutboxRecord>| -> Result<(), LoadgenError> {
-        if !chunk.is_empty() {
-            publisher.publish_all(chunk.iter().map(|r| (r, None)))?;
-            chunk.clear();
+    // Paced, a chunk goes out without waiting for its acknowledgements
+    // (they are awaited a few chunks later): a record is sent when it is
+    // due, so its event time is its send time. Waiting for each chunk's
+    // acknowledgements let the sender fall behind and then send a burst
+    // of overdue records, which a latency run counted as the pipeline's.
+    let mut unacknowledged: VecDeque<Ticket> = VecDeque::new();
+    let flush = |chunk: &mut Vec<OutboxRecord>, unacknowledged: &mut VecDeque<Ticket>| -> Result<(), LoadgenError> {
+        if chunk.is_empty() {
+            return Ok(());
         }
+        if paced {
+            unacknowledged.push_back(publisher.send_all(chunk.iter().map(|r| (r, None)))?.0);
+            while unacknowledged.len() > MAX_UNACKNOWLEDGED {
+                publisher.wait(unacknowledged.pop_front().expect("not empty"))?;
+            }
+        } else {
+            publisher.publish_all(chunk.iter().map(|r| (r, None)))?;
+        }
+        chunk.clear();
         Ok(())
     };
     while let Some(p) = gen.next() {
         if paced {
             let wait = p.due_ms - now_ms();
             if wait > 0 {
-                flush(&mut chunk)?;
+                flush(&mut chunk, &mut unacknowledged)?;
                 std::thread::sleep(Duration::from_millis(wait as u64));
             }
         }
         chunk.push(p.record.to_outbox(&codec, &keys, &cfg.topics.events)?);
         records += 1;
         if chunk.len() >= CHUNK {
-            flush(&mut chunk)?;
+            flush(&mut chunk, &mut unacknowledged)?;
         }
         if records % 1000 == 0 {
             bar.set_position(gen.operations_made());
@@ -281,7 +298,10 @@ pub fn publish(
             bar.set_message(format!("{records} records, {:.0} records/s", records as f64 / secs));
         }
     }
-    flush(&mut chunk)?;
+    flush(&mut chunk, &mut unacknowledged)?;
+    for ticket in unacknowledged {
+        publisher.wait(ticket)?;
+    }
     bar.set_position(gen.operations_made());
     bar.finish();
     Ok((Published { records, elapsed: started.elapsed() }, gen.into_truth()))

@@ -259,10 +259,16 @@ impl Pipeline {
             cfg.topics.changelog.clear();
         }
         let t = &cfg.topics;
+        // Each start-up step's time at debug: the time to the first
+        // verdict is a target (issue 20).
+        let began = Instant::now();
+        let step = |what: &str| debug!(ms = began.elapsed().as_millis() as u64, "Start-up: {what}");
         // Refused credentials fail here, with the broker's reason, rather
         // than as the next call's timeout.
         crate::kafka::connect::check_credentials(&cfg.kafka)?;
+        step("credentials checked");
         admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
+        step("topics ensured");
         let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
         let created = match t.changelog() {
             Some(changelog) => {
@@ -270,12 +276,14 @@ impl Pipeline {
             }
             None => false,
         };
+        step("changelog ensured");
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|source| PipelineError::StateDir { dir: cfg.state_dir.display().to_string(), source })?;
         let store = Arc::new(match replay {
             None => Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?,
             Some(_) => Store::open_for_rebuild(&cfg.state_dir, &t.events, &cfg.store)?,
         });
+        step("store opened");
         let max_bytes = cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM;
         // A replay publishes into scratch topics or nowhere: no transactions.
         let txn = match (cfg.guarantee, replay) {
@@ -311,6 +319,7 @@ impl Pipeline {
         let start = Box::new(move |p, committed| changelog.start_offset(p, committed).map_err(|e| e.to_string()));
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
         let fence = restore::Fence::new(&cfg.kafka);
+        step("clients created");
         Ok(Pipeline {
             metrics,
             policy: cfg.policy(),

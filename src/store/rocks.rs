@@ -550,9 +550,18 @@ impl Store {
 
     /// Writes one part as one atomic write, its outbox under `seq`.
     fn write_part(&self, part: &Part, seq: Option<u64>) -> Result<(), StoreError> {
+        // The part's whole outbox as one value: one memtable entry rather
+        // than one per output. Its buffer sized up front (grown a byte at
+        // a time, its copies and fresh pages showed in profiles).
+        let outbox = seq.map(|seq| {
+            let size = 8 + part.outbox.iter().map(crate::records::OutboxRecord::stored_size).sum::<usize>();
+            let value = postcard::to_extend(&part.outbox, Vec::with_capacity(size)).expect("outputs serialize");
+            (keys::outbox(seq), value)
+        });
         // Room for every key and value plus RocksDB's few bytes of framing
         // each: the batch's buffer is then never copied to grow.
-        let mut wb = WriteBatch::with_capacity_bytes(part.bytes.len() + 16 * part.writes.len() + 64);
+        let outbox_bytes = outbox.as_ref().map_or(0, |(k, v)| k.len() + v.len() + 16);
+        let mut wb = WriteBatch::with_capacity_bytes(part.bytes.len() + 16 * part.writes.len() + 64 + outbox_bytes);
         // Handles looked up once, not per write (each is a lookup by name).
         let families = [Family::Timeline, Family::Ops, Family::Entities, Family::Timers, Family::Offsets]
             .map(|f| (f, self.cf(f.name())));
@@ -567,11 +576,8 @@ impl Store {
                 }
             }
         }
-        // The part's whole outbox as one value: one memtable entry rather
-        // than one per output.
-        if let Some(seq) = seq {
-            let value = postcard::to_allocvec(&part.outbox).expect("outputs serialize");
-            wb.put_cf(self.cf(OUTBOX), keys::outbox(seq), value);
+        if let Some((key, value)) = outbox {
+            wb.put_cf(self.cf(OUTBOX), key, value);
         }
         self.write(wb)
     }

@@ -46,7 +46,9 @@ fn a_replaced_machine_restores_from_the_changelog_without_the_inputs_head_and_ag
         });
         let tail = b.log_tail();
         b.stop();
-        assert!(settled, "B did not settle; log:\n{tail}");
+        if let Err(why) = settled {
+            panic!("B did not settle: {why}; log:\n{tail}");
+        }
         let input = common::check::read_all(&run.cfg, &[&run.cfg.topics.events]);
         assert!(input.len() > head, "the second half arrived");
         let outputs = common::check::read_all(&run.cfg, &common::check::output_topics(&run.cfg));

@@ -280,8 +280,14 @@ pub fn output_topics(cfg: &Config) -> [&str; 4] {
 /// input partition, `verdicts` distinct verdicts arrived, the running
 /// instances report themselves ready (`ready`), and this stays so
 /// for a quiet second (a late timer event would move the end). Returns
-/// whether that happened within `timeout`.
-pub fn wait_settled(cfg: &Config, verdicts: usize, timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
+/// whether that happened within `timeout`, or what was still missing then
+/// (the first line of a failed test's message, which CI logs keep).
+pub fn wait_settled(
+    cfg: &Config,
+    verdicts: usize,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), String> {
     let until = Instant::now() + timeout;
     let mut quiet_since: Option<(Instant, BTreeMap<i32, i64>)> = None;
     loop {
@@ -294,26 +300,28 @@ pub fn wait_settled(cfg: &Config, verdicts: usize, timeout: Duration, mut ready:
         let end = end_offsets(cfg, &cfg.topics.events);
         // The committed offsets may be a previous incarnation's: the
         // running instances must also report every partition restored.
-        let done = distinct.len() >= verdicts && ready() && {
+        // `ready` only once every verdict is there (it may nudge the group).
+        let is_ready = (distinct.len() >= verdicts).then(&mut ready);
+        let caught_up = || {
             let c = committed(cfg);
             end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
         };
+        let done = is_ready == Some(true) && caught_up();
         match (&quiet_since, done) {
             (Some((since, at)), true) if *at == end => {
                 if since.elapsed() >= Duration::from_secs(1) {
-                    return true;
+                    return Ok(());
                 }
             }
             (_, true) => quiet_since = Some((Instant::now(), end.clone())),
             (_, false) => quiet_since = None,
         }
         if Instant::now() >= until {
-            eprintln!(
-                "not settled: {} distinct verdicts of {verdicts}, committed {:?}, end {end:?}",
+            return Err(format!(
+                "not settled after {timeout:?}: {} distinct verdicts of {verdicts}, instances ready: {is_ready:?}, committed {:?}, end {end:?}",
                 distinct.len(),
                 committed(cfg)
-            );
-            return false;
+            ));
         }
     }
 }

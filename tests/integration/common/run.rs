@@ -176,12 +176,9 @@ impl Run {
         for i in running {
             i.stop();
         }
-        assert!(
-            settled,
-            "I4: lag did not return to zero with all {} verdicts; log:\n{}",
-            self.verdicts,
-            tails.join("\n--\n")
-        );
+        if let Err(why) = settled {
+            panic!("I4: {why}; log:\n{}", tails.join("\n--\n"));
+        }
         let input = check::read_all(&self.cfg, &[&self.cfg.topics.events]);
         let outputs = check::read_all(&self.cfg, &check::output_topics(&self.cfg));
         check::check(&self.cfg, &input, &outputs, state_dirs)
