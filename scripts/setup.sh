@@ -2,7 +2,7 @@
 # Installs what building and testing need on a fresh machine, skipping what
 # is already there.
 #
-#   scripts/setup.sh           build packages and the local broker (demo)
+#   scripts/setup.sh           build packages and the demo's broker (noida-db)
 #   scripts/setup.sh --tests   the same plus what the test suite needs
 #   scripts/setup.sh --build   build packages only (the Dockerfile's builder)
 set -euo pipefail
@@ -61,8 +61,10 @@ if [ "$mode" = "--tests" ]; then
   done
 fi
 
-"$ROOT/scripts/broker.sh" install
+# noida-db (about 3 minutes to build) is the demo's broker and the
+# exactly-once suites' (it has Kafka transactions); tansu (about 15) only
+# the suites', which need a broker that survives kill -9.
+"$ROOT/scripts/broker.sh" install noida
 if [ "$mode" = --tests ]; then
-  # The exactly-once suites need a broker with Kafka transactions.
-  "$ROOT/scripts/broker.sh" install noida
+  "$ROOT/scripts/broker.sh" install
 fi

@@ -96,9 +96,10 @@ pub enum Command {
     /// Example: RECONCILER_CONSUMER__GROUP_ID=recon-eu reconciler config --config reconciler.toml
     Config,
     /// Publish a workload with every kind of fault to a local broker, run the
-    /// pipeline until the verdicts settle, print a summary.
+    /// pipeline until the verdicts settle, print a summary, then keep the
+    /// pipeline and its exception panel (`[http] bind`) up until Ctrl-C.
     ///
-    /// Example: reconciler demo --brokers 127.0.0.1:9092
+    /// Example: reconciler demo --brokers 127.0.0.1:9092 --exit
     Demo {
         /// Copies of each story in the workload.
         #[arg(long, default_value_t = 2)]
@@ -106,6 +107,10 @@ pub enum Command {
         /// Give up waiting for the verdicts after this many seconds.
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
+        /// Exit right after the summary (scripts, CI) instead of keeping
+        /// the pipeline and its panel up until Ctrl-C.
+        #[arg(long)]
+        exit: bool,
     },
     /// Publish a seeded workload of N operations with every kind of fault and
     /// write its ground truth; `loadgen verify` compares a run's outputs with it.

@@ -342,6 +342,12 @@ pub enum DemoError {
     /// The demo's destination service could not start.
     #[error("starting the demo's destination service: {0}")]
     Destination(#[source] std::io::Error),
+    /// The panel's HTTP server could not start.
+    #[error(transparent)]
+    Http(#[from] crate::http::HttpError),
+    /// `[http] bind` is not an address.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// What the demo saw on the output topics.
@@ -443,9 +449,18 @@ pub fn publish(cfg: &Config, records: &[InputRecord]) -> Result<usize, PipelineE
     Ok(publisher.publish_all(out.iter().map(|r| (r, None)))?)
 }
 
-/// Runs the whole demo: publish, run the pipeline until the verdicts the
-/// core predicts have all arrived (or `timeout`), and report what arrived.
-pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport, DemoError> {
+/// Runs the whole demo: publish, run the pipeline (and its HTTP server,
+/// the exception panel, on `[http] bind`) until the verdicts the core
+/// predicts have all arrived (or `timeout`), and report what arrived.
+/// `linger` gets the report and the panel's address while everything still
+/// runs, and the demo stops when it returns: `reconciler demo` prints the
+/// report there and keeps the panel up until Ctrl-C.
+pub fn run(
+    cfg: &Config,
+    copies: usize,
+    timeout: Duration,
+    linger: impl FnOnce(&DemoReport, Option<std::net::SocketAddr>),
+) -> Result<DemoReport, DemoError> {
     let start = (system_clock())();
     let records = workload(start, copies);
     // The destination the probe worker asks, and the worker itself.
@@ -468,6 +483,14 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
     let shutdown = Arc::new(AtomicBool::new(false));
     let mut pipeline = Pipeline::new(cfg.clone(), system_clock())?;
     let mut prober = ProbeWorker::new(cfg.clone(), &prometheus::Registry::new())?;
+    // The panel, over the pipeline's own store, metrics and ownership.
+    let server = match cfg.http.bind_addr()? {
+        Some(addr) => {
+            let state = crate::http::AppState::of(&pipeline, cfg.clone(), system_clock());
+            Some(crate::http::Server::start(addr, state)?)
+        }
+        None => None,
+    };
     let published = publish(cfg, &records)?;
     let flag = shutdown.clone();
     let worker = std::thread::spawn(move || pipeline.run(&flag).map(|_| pipeline.stats));
@@ -477,7 +500,6 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
     let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies, &t.dlq, &t.events], t.partitions)
         .map_err(PipelineError::from)?;
     let verdict_topic = t.verdicts.clone();
-    let codec = Codec::new();
     let want = predicted.len();
     let settled = reader.read_until(timeout, |recs| {
         let distinct: std::collections::HashSet<&[u8]> =
@@ -486,6 +508,9 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
     });
     // Let the tail of anomalies and dead letters arrive as well.
     reader.read_until(Duration::from_millis(500), |_| false);
+    let report = report_of(&reader, cfg, published, want, settled);
+    linger(&report, server.as_ref().map(crate::http::Server::addr));
+    drop(server);
     shutdown.store(true, Ordering::SeqCst);
     match worker.join() {
         Ok(r) => {
@@ -497,6 +522,13 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
         Ok(r) => r?,
         Err(_) => return Err(PipelineError::ThreadPanicked("probe worker").into()),
     }
+    Ok(report)
+}
+
+/// What the demo's reader found on the output topics.
+fn report_of(reader: &TopicReader, cfg: &Config, published: usize, want: usize, settled: bool) -> DemoReport {
+    let t = &cfg.topics;
+    let codec = Codec::new();
     let mut probe_answers = BTreeMap::new();
     let mut answer_ids = std::collections::HashSet::new();
     for r in reader.of(&t.events) {
@@ -523,7 +555,7 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
             }
         }
     }
-    Ok(DemoReport {
+    DemoReport {
         published,
         expected_verdicts: want,
         verdicts,
@@ -531,5 +563,5 @@ pub fn run(cfg: &Config, copies: usize, timeout: Duration) -> Result<DemoReport,
         dead_letters: reader.of(&t.dlq).count(),
         probe_answers,
         settled,
-    })
+    }
 }

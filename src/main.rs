@@ -41,6 +41,33 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
+/// What `reconciler demo` says while it keeps running after its summary:
+/// where the panel, an operation's explanation and the metrics are.
+fn demo_still_running(report: &demo::DemoReport, panel: std::net::SocketAddr, state_dir: &std::path::Path) -> String {
+    // An interesting case to explain: one still waiting for a person (its
+    // latest verdict ambiguous), else one whose evidence disagrees, else any.
+    let mut latest: std::collections::BTreeMap<&str, &reconciler::core::Verdict> = Default::default();
+    for v in &report.verdicts {
+        latest.insert(&v.operation_id, v);
+    }
+    let pick = |outcome: &str| latest.values().copied().find(|v| v.outcome.as_str() == outcome);
+    let example = pick("AMBIGUOUS").or_else(|| pick("DIVERGENT")).or(report.verdicts.first());
+    let binary = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "reconciler".into());
+    let mut out = format!(
+        "The pipeline is still running with the demo's state:\n  exception panel  http://{panel}/\n  metrics          http://{panel}/metrics\n"
+    );
+    if let Some(v) = example {
+        out.push_str(&format!(
+            "  explain a case   {binary} explain {} --state-dir {}\n                   (in the panel: http://{panel}/?op={})\n",
+            v.operation_id,
+            state_dir.display(),
+            v.operation_id
+        ));
+    }
+    out.push_str("Press Ctrl-C to stop it.");
+    out
+}
+
 /// The first SIGTERM/SIGINT finishes the work in hand and exits 0; a
 /// second one exits at once (state stays consistent: the stores are
 /// written atomically).
@@ -163,15 +190,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", toml::to_string(&cfg.redacted()).context("printing the configuration")?);
             Ok(())
         }
-        Command::Demo { copies, timeout_secs } => {
+        Command::Demo { copies, timeout_secs, exit } => {
             demo::configure(&mut cfg);
             let dir = std::env::temp_dir().join(format!("reconciler-demo-{}", std::process::id()));
             cfg.state_dir = dir.clone();
             cfg.topics.partitions = 3;
-            let report = demo::run(&cfg, copies, Duration::from_secs(timeout_secs));
+            let shutdown = install_shutdown()?;
+            let linger = |report: &demo::DemoReport, panel: Option<std::net::SocketAddr>| {
+                println!("{}", report::render(report));
+                if let (false, true, Some(addr)) = (exit, report.settled, panel) {
+                    println!("{}", demo_still_running(report, addr, &dir));
+                    // Ctrl-C (or SIGTERM) sets the flag; the demo then stops.
+                    while !shutdown.load(std::sync::atomic::Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(200)); // the signal flag's polling interval
+                    }
+                    println!("Stopping the demo.");
+                }
+            };
+            let report = demo::run(&cfg, copies, Duration::from_secs(timeout_secs), linger);
             let _ = std::fs::remove_dir_all(&dir);
             let report = report?;
-            println!("{}", report::render(&report));
             anyhow::ensure!(
                 report.settled,
                 "only {} of the {} predicted verdicts arrived within {timeout_secs} s",

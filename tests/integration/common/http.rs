@@ -58,6 +58,16 @@ pub fn drive_dlq_tab(url: &str, token: &str, shots: &str) -> serde_json::Value {
     browser_script("dlq.mjs", &[url, token], shots)
 }
 
+/// Opens the panel at `url` that `reconciler demo` left running, in
+/// headless Chromium (tests/browser/demo.mjs): the queue has cases, and
+/// each `(operation, outcome)` opens showing that outcome. Returns the
+/// script's JSON result.
+pub fn drive_demo_panel(url: &str, cases: &[(String, String)], shots: &str) -> serde_json::Value {
+    let args: Vec<String> =
+        std::iter::once(url.to_owned()).chain(cases.iter().map(|(op, outcome)| format!("{op}={outcome}"))).collect();
+    browser_script("demo.mjs", &args.iter().map(String::as_str).collect::<Vec<_>>(), shots)
+}
+
 /// Runs `tests/browser/{script}` with `args` and the screenshot directory;
 /// its last line of output, as JSON.
 fn browser_script(script: &str, args: &[&str], shots: &str) -> serde_json::Value {
