@@ -149,23 +149,16 @@ fn config_with(
     let file = dir.join("reconciler.toml");
     let t = &cfg.topics;
     let guarantee = if exactly_once { "exactly_once" } else { "at_least_once" };
-    let toml = format!(
+    let mut toml = format!(
         "guarantee = {guarantee:?}\nstate_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\nfleet = {:?}\npartitions = {partitions}\n[consumer]\ngroup_id = {:?}\n[security]\ncontrol_keys = [{BENCH_CONTROL_KEY:?}]\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"receive.message.max.bytes\" = \"104857600\"\n",
         cfg.state_dir, t.events, t.verdicts, t.anomalies, t.dlq, t.commands, t.changelog, t.fleet, cfg.consumer.group_id, brokers
     );
     // E2E_KAFKA="key=value,key=value": more [kafka] settings (experiments).
-    let extra: String = std::env::var("E2E_KAFKA")
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| format!("{k:?} = {v:?}\n"))
-        .collect();
-    for line in extra.lines() {
-        if let Some((k, v)) = line.split_once(" = ") {
-            cfg.kafka.insert(k.trim_matches('"').to_owned(), v.trim_matches('"').to_owned());
-        }
+    for (k, v) in std::env::var("E2E_KAFKA").unwrap_or_default().split(',').filter_map(|kv| kv.split_once('=')) {
+        toml.push_str(&format!("{k:?} = {v:?}\n"));
+        cfg.kafka.insert(k.to_owned(), v.to_owned());
     }
-    std::fs::write(&file, toml + &extra).unwrap();
+    std::fs::write(&file, toml).unwrap();
     (cfg, file)
 }
 
@@ -416,6 +409,9 @@ fn print_targets(pipeline: &Measured, base: &Measured, latencies: Option<(i64, i
     }
 }
 
+/// How long after the latency step's start its first record is due.
+const PUBLISH_LEAD: Duration = Duration::from_secs(2);
+
 /// Runs the latency step; returns p50 and p99 event→verdict in ms.
 fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -> (i64, i64) {
     let (cfg, file) = config(brokers, prefix, partitions);
@@ -444,10 +440,11 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     let per_unit = loadgen::records_per_unit(&args.options(&cfg, 0).unwrap());
     args.operations = (rate * secs as f64 / per_unit) as u64;
     args.seed = 3;
-    // The first record due 2 s from now: the publisher is connected by
-    // then. With 200 ms, records due while it started (about 1.4 s of
-    // them) went out in one burst, and their wait was counted as latency.
-    let opts = args.options(&cfg, reconciler::clock::now_ms() + 2_000).unwrap();
+    // The first record due PUBLISH_LEAD from now: the publisher is
+    // connected by then. With 200 ms, records due while it started (about
+    // 1.4 s of them) went out in one burst, and their wait was counted as
+    // latency.
+    let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
     let done = Arc::new(AtomicBool::new(false));
     let flag = done.clone();
@@ -496,8 +493,8 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     println!(
         "latency:     at {:.0} records/s target ({:.0} achieved, {} records): event→verdict p50 {} ms, p99 {} ms, max {} ms over {} verdicts; peak RSS {:.0} MB",
         rate,
-        // Over the paced window (the publisher waits 2 s for the first).
-        published.records as f64 / (published.elapsed.as_secs_f64() - 2.0).max(1e-3),
+        // Over the paced window (the publisher waits PUBLISH_LEAD for the first).
+        published.records as f64 / published.elapsed.saturating_sub(PUBLISH_LEAD).as_secs_f64().max(1e-3),
         published.records,
         pct(0.50),
         pct(0.99),

@@ -46,12 +46,13 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
 fn demo_still_running(report: &demo::DemoReport, panel: std::net::SocketAddr, state_dir: &std::path::Path) -> String {
     // An interesting case to explain: one still waiting for a person (its
     // latest verdict ambiguous), else one whose evidence disagrees, else any.
-    let mut latest: std::collections::BTreeMap<&str, &reconciler::core::Verdict> = Default::default();
+    use reconciler::core::{Outcome, Verdict};
+    let mut latest: std::collections::BTreeMap<&str, &Verdict> = Default::default();
     for v in &report.verdicts {
         latest.insert(&v.operation_id, v);
     }
-    let pick = |outcome: &str| latest.values().copied().find(|v| v.outcome.as_str() == outcome);
-    let example = pick("AMBIGUOUS").or_else(|| pick("DIVERGENT")).or(report.verdicts.first());
+    let pick = |outcome: Outcome| latest.values().copied().find(|v| v.outcome == outcome);
+    let example = pick(Outcome::Ambiguous).or_else(|| pick(Outcome::Divergent)).or(report.verdicts.first());
     let binary = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "reconciler".into());
     let mut out = format!(
         "The pipeline is still running with the demo's state:\n  exception panel  http://{panel}/\n  metrics          http://{panel}/metrics\n"

@@ -147,7 +147,7 @@ impl Fleet {
         ];
         if let (n @ 1.., Some(changelog)) = (cfg.consumer.standby_replicas, cfg.topics.changelog()) {
             let partitions =
-                crate::kafka::watermarks::Watermarks::new(&cfg.kafka)?.partition_count(&cfg.topics.events)?;
+                crate::kafka::watermarks::Watermarks::partition_count_once(&cfg.kafka, &cfg.topics.events)?;
             let standby = crate::fleet::standby::Config {
                 kafka: cfg.kafka.clone(),
                 topic: changelog.to_owned(),

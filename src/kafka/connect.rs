@@ -59,7 +59,7 @@ pub fn check_credentials(kafka: &BTreeMap<String, String>) -> Result<(), KafkaEr
         .create_with_context(Watch::default())
         .map_err(KafkaError::client("creating the connection check's client"))?;
     let until = Instant::now() + PATIENCE;
-    loop {
+    let checked = loop {
         let answered = client.fetch_metadata(None, Duration::from_millis(250)).is_ok();
         // Error callbacks are served by polling (nothing is assigned: no
         // record can come).
@@ -67,12 +67,12 @@ pub fn check_credentials(kafka: &BTreeMap<String, String>) -> Result<(), KafkaEr
         let refused = client.context().refused.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(reason) = refused {
             let brokers = kafka.get("bootstrap.servers").cloned().unwrap_or_default();
-            super::drop_in_background(client);
-            return Err(KafkaError::Authentication { brokers, reason });
+            break Err(KafkaError::Authentication { brokers, reason });
         }
         if answered || Instant::now() >= until {
-            super::drop_in_background(client);
-            return Ok(());
+            break Ok(());
         }
-    }
+    };
+    super::drop_in_background(client);
+    checked
 }

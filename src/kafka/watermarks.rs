@@ -53,6 +53,16 @@ impl Watermarks {
     pub fn of_topic(&self, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, KafkaError> {
         topic_watermarks(&self.client, topic)
     }
+
+    /// The partition count of `topic`, asked by a client made for that one
+    /// question at start-up and dropped without waiting for its threads
+    /// (see [`super::drop_in_background`]).
+    pub fn partition_count_once(kafka: &BTreeMap<String, String>, topic: &str) -> Result<usize, KafkaError> {
+        let marks = Watermarks::new(kafka)?;
+        let count = marks.partition_count(topic);
+        super::drop_in_background(marks);
+        count
+    }
 }
 
 /// The partitions of `topic` and the (low, high) watermarks of each, asked

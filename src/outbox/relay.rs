@@ -153,7 +153,7 @@ impl Relay {
         cfg.relay.validate()?;
         let connection = cfg.relay.connection()?;
         crate::kafka::connect::check_credentials(&cfg.kafka)?;
-        Watermarks::new(&cfg.kafka)?.partition_count(&cfg.topics.events)?;
+        Watermarks::partition_count_once(&cfg.kafka, &cfg.topics.events)?;
         let max_message_bytes = cfg.consumer.max_record_bytes;
         Ok(Relay {
             producer: KeyedProducer::new(&cfg.kafka, max_message_bytes, cfg.relay.delivery_timeout())?,
