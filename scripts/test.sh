@@ -16,6 +16,14 @@ cargo clippy --release --locked --all-targets --all-features -- -D warnings
 # The binary as the demo and the container image build it.
 scripts/build.sh >/dev/null
 
+# The build directory is shared with other clones (scripts/env.sh). Cargo
+# judges a clone's test crates fresh by modification times, so after a
+# newer build in another clone (CI's, at another path) they would keep that
+# clone's paths (env!("CARGO_BIN_EXE_reconciler"), CARGO_MANIFEST_DIR) and
+# fail to find their files. Touching their roots rebuilds them here (a fresh
+# clone rebuilds them anyway).
+touch tests/offline/main.rs tests/integration/main.rs
+
 log=$(mktemp)
 # --show-output: the fault-injection suites print their figures
 # (iterations, crashes, inputs, losses, non-identical duplicates).

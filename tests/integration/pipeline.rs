@@ -306,6 +306,7 @@ fn overdue_within_three_seconds(busy: bool) {
         "quick".into(),
         reconciler::config::TypeConfig { confirm_within_ms: Some(2_000), ..Default::default() },
     );
+    let log = common::logs::mark();
     let running = Running::start(&cfg, system_clock());
     let t = now();
     let ev = Event {
@@ -375,9 +376,30 @@ fn overdue_within_three_seconds(busy: bool) {
     let arrived = now();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sent = traffic.join().unwrap();
-    running.stop();
+    let stats = running.stop();
     assert!(!busy || sent > 100, "the partition was kept busy ({sent} records)");
-    assert!(ok, "no overdue verdict");
+    if !ok {
+        // What each side saw, so that a failure names the step that stalled.
+        let codec = Codec::new();
+        let seen: Vec<String> = reader
+            .of(&cfg.topics.events)
+            .filter_map(|r| {
+                let e = codec.decode_event(r.value.as_deref()?).ok()?;
+                (e.operation_id == "op-quick").then(|| format!("{} at {}@{}", e.body.name(), r.partition, r.offset))
+            })
+            .take(20)
+            .collect();
+        panic!(
+            "no overdue verdict within 20 s: the pipeline took in {} records in {} batches, fired {} timers, issued {} verdicts; \
+             the reader saw {} verdicts and the input records {seen:?}; the pipeline logged:\n{}",
+            stats.records,
+            stats.batches,
+            stats.timers_fired,
+            stats.verdicts,
+            reader.of(&cfg.topics.verdicts).count(),
+            common::logs::since(log)
+        );
+    }
     let bound = if busy { 10_000 } else { 3_000 };
     assert!(arrived <= deadline + bound, "verdict {} ms after the deadline (bound {bound} ms)", arrived - deadline);
     let v = verdicts_of(&reader.of(&cfg.topics.verdicts).collect::<Vec<_>>());

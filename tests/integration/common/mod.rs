@@ -7,6 +7,7 @@
 pub mod check;
 pub mod child;
 pub mod http;
+pub mod logs;
 pub mod postgres;
 pub mod run;
 
@@ -80,6 +81,7 @@ pub struct Running {
 
 impl Running {
     pub fn start(cfg: &Config, clock: Clock) -> Running {
+        logs::capture();
         let shutdown = Arc::new(AtomicBool::new(false));
         let mut p = Pipeline::new(cfg.clone(), clock).expect("pipeline starts");
         let flag = shutdown.clone();
