@@ -33,7 +33,10 @@ if [ "$mode" = "--tests" ]; then
   # fastavro: the interop test's independent Avro implementation.
   if ! python3 -c "import fastavro" >/dev/null 2>&1; then
     echo "Installing fastavro (interop tests)..."
-    python3 -m pip install --quiet --disable-pip-version-check fastavro
+    # A Python that the system manages (Debian's own, PEP 668) refuses pip
+    # installs; then fastavro goes to the user's site-packages only.
+    python3 -m pip install --quiet --disable-pip-version-check fastavro 2>/dev/null ||
+      python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages fastavro
   fi
   # promtool (Debian's prometheus package) checks the alert rules; the
   # panel's browser test drives Debian's Chromium through playwright-core;
