@@ -36,7 +36,7 @@ install() {
     echo "tansu $TANSU_VERSION already installed"
     return
   fi
-  echo "Installing tansu $TANSU_VERSION (once; about 15 minutes)..."
+  echo "Installing tansu $TANSU_VERSION (once; about 11 minutes on 2 cores)..."
   # The default features have no storage engine: dynostore (memory) and
   # libsql (sqlite) are needed.
   cargo install tansu --locked --version "$TANSU_VERSION" --features dynostore,libsql
@@ -51,7 +51,7 @@ install_noida() {
     echo "noida-db $NOIDA_VERSION already installed"
     return
   fi
-  echo "Installing noida-db $NOIDA_VERSION (once; about 3 minutes)..."
+  echo "Installing noida-db $NOIDA_VERSION (once; about 1 minute on 2 cores)..."
   # Only its Kafka service: a small binary, a short build.
   cargo install noida-db --version "$NOIDA_VERSION" --locked --no-default-features --features kafka
 }

@@ -14,10 +14,10 @@ source scripts/env.sh
 began=$(date +%s)
 step() { echo "==> [$(( $(date +%s) - began )) s] $*"; }
 
-step "Checking the build packages and the broker (a fresh 2-core machine: about 1 minute for the packages, 3 for noida-db; then nothing)"
+step "Checking the build packages and the broker (a fresh machine: apt-get for what is missing, then about 1 minute for noida-db; then nothing)"
 scripts/setup.sh
 
-step "Building reconciler (a fresh 2-core machine: about 18 minutes, most of it RocksDB and librdkafka; then seconds)"
+step "Building reconciler (a fresh 2-core machine: about 13 minutes, most of it RocksDB and librdkafka; then seconds)"
 cargo build --release --locked --bin reconciler
 
 export BROKER_PORT=${BROKER_PORT:-9092}

@@ -458,7 +458,9 @@ pub struct MetricsConfig {
     /// Operation types beyond those under `[types]` that get a label of
     /// their own; later ones share the label `other` (bounded cardinality).
     pub max_operation_types: usize,
-    /// How often the state gauges and the lag are refreshed, in ms.
+    /// How often the state gauges and the lag are refreshed, in ms: the
+    /// rest between two passes (three times a pass's length when that is
+    /// longer, on a large store).
     pub refresh_ms: u64,
     /// Most operations per second a refresh reads from the state store
     /// (bounds its CPU cost on a large store).

@@ -175,12 +175,18 @@ impl GroupContext {
     /// error leaves them out: the pipeline then restores nothing silently
     /// and only repeats byte-identical outputs (its restore rule).
     fn committed(&self, consumer: &BaseConsumer<Self>, partitions: &[i32]) -> BTreeMap<i32, i64> {
-        committed_offsets(consumer, &self.topic, partitions.iter().copied()).unwrap_or_else(|e| {
-            warn!(error = %e, "Cannot read the group's committed offsets; partitions will not restore silently");
-            BTreeMap::new()
-        })
+        committed_offsets_within(consumer, &self.topic, partitions.iter().copied(), COMMITTED_PATIENCE).unwrap_or_else(
+            |e| {
+                warn!(error = %e, "Cannot read the group's committed offsets; partitions will not restore silently");
+                BTreeMap::new()
+            },
+        )
     }
 }
+
+/// How long a read of the group's committed offsets may wait for the
+/// coordinator.
+const COMMITTED_PATIENCE: Duration = Duration::from_secs(10);
 
 /// The committed offsets of the consumer's group in `partitions` of
 /// `topic` (those that have one).
@@ -189,12 +195,22 @@ pub fn committed_offsets<C: ConsumerContext>(
     topic: &str,
     partitions: impl IntoIterator<Item = i32>,
 ) -> KafkaResult<BTreeMap<i32, i64>> {
+    committed_offsets_within(consumer, topic, partitions, COMMITTED_PATIENCE)
+}
+
+/// [`committed_offsets`], waiting at most `timeout`.
+fn committed_offsets_within<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partitions: impl IntoIterator<Item = i32>,
+    timeout: Duration,
+) -> KafkaResult<BTreeMap<i32, i64>> {
     let mut tpl = TopicPartitionList::new();
     for p in partitions {
         tpl.add_partition(topic, p);
     }
     Ok(consumer
-        .committed_offsets(tpl, Duration::from_secs(10))?
+        .committed_offsets(tpl, timeout)?
         .elements()
         .iter()
         .filter_map(|e| match e.offset() {
@@ -320,6 +336,17 @@ impl GroupConsumer {
         if let Err(e) = self.consumer.commit(&offsets_list(&self.topic, &owned), CommitMode::Async) {
             warn!(error = %e, "Committing group offsets failed (lag display only)");
         }
+    }
+
+    /// The group's committed offsets of `partitions` (those that have
+    /// one), waiting at most `timeout` for the coordinator.
+    pub fn committed(
+        &self,
+        partitions: impl IntoIterator<Item = i32>,
+        timeout: Duration,
+    ) -> Result<BTreeMap<i32, i64>, KafkaError> {
+        committed_offsets_within(&self.consumer, &self.topic, partitions, timeout)
+            .map_err(KafkaError::client("reading the group's committed offsets"))
     }
 
     /// The member's group metadata (generation, member id) for a

@@ -45,6 +45,12 @@ use crate::metrics::{Metrics, Readiness};
 use crate::records::{OutboxRecord, Record, DLQ_HEADER_ROOM};
 use crate::store::{changelog, Claims, Store, StoreError};
 
+/// How often an idle at-least-once pipeline compares the group's offsets
+/// with its own (see `Pipeline::mend_group_offsets`), and how long it waits
+/// for the answer (the run loop waits meanwhile).
+const OFFSETS_CHECK_EVERY: Duration = Duration::from_secs(5);
+const OFFSETS_CHECK_PATIENCE: Duration = Duration::from_secs(1);
+
 /// The partition of a changelog record (from its key).
 fn changelog_partition(r: &OutboxRecord) -> Option<i32> {
     changelog::partition_of(r.key.as_deref().unwrap_or_default())
@@ -373,6 +379,7 @@ impl Pipeline {
         let wait = Duration::from_millis(self.cfg.consumer.batch_wait_ms);
         let timer_every = Duration::from_millis(self.cfg.time.timer_interval_ms);
         let mut last_timers = Instant::now();
+        let mut last_offsets_check = Instant::now();
         info!(topic = %self.cfg.topics.events, group = %self.cfg.consumer.group_id, "Pipeline running");
         // When the loop last polled: the member was alive then (the zombie
         // fence measures stalls from there).
@@ -380,6 +387,7 @@ impl Pipeline {
         while !shutdown.load(Ordering::SeqCst) {
             let this_poll = Instant::now();
             let (records, revoked) = self.consumer.poll_batch(self.cfg.consumer.batch_size, wait)?;
+            let idle = records.is_empty() && !revoked;
             self.observe_assignment();
             if records.is_empty() || revoked {
                 // Nothing to overlap with, or partitions moving: finish
@@ -401,10 +409,49 @@ impl Pipeline {
                     warn!(error = %e, "Firing timers failed; retrying on the next tick");
                 }
             }
+            // Idle, so nothing is in flight (finished above).
+            if idle && self.txn.is_none() && last_offsets_check.elapsed() >= OFFSETS_CHECK_EVERY {
+                last_offsets_check = Instant::now();
+                self.mend_group_offsets();
+            }
         }
         self.finish_in_flight(shutdown)?;
         info!(records = self.stats.records, verdicts = self.stats.verdicts, "Pipeline stopped");
         Ok(())
+    }
+
+    /// Commits again, when idle, the group offsets that are behind what this
+    /// member has stored (and acknowledged: nothing is in flight when idle).
+    /// An asynchronous commit can be lost, refused in the middle of a
+    /// rebalance, and on a broker without Kafka's generation check a stale
+    /// member's late commit can set an offset back (both seen on the local
+    /// test broker): lag would then stay above zero on an idle partition,
+    /// and a new owner would publish the batches in between again.
+    /// Partitions still restoring are left alone (their own offset is
+    /// behind the group's by design).
+    fn mend_group_offsets(&self) {
+        let mine: BTreeMap<i32, i64> = {
+            let a = self.consumer.assignment.lock().expect("not poisoned");
+            a.owned
+                .iter()
+                .filter(|(p, n)| **n > 0 && !self.restore_until.contains_key(p))
+                .map(|(p, n)| (*p, *n))
+                .collect()
+        };
+        if mine.is_empty() {
+            return;
+        }
+        match self.consumer.committed(mine.keys().copied(), OFFSETS_CHECK_PATIENCE) {
+            Ok(group) => {
+                let behind: BTreeMap<i32, i64> =
+                    mine.into_iter().filter(|(p, n)| group.get(p).is_none_or(|c| c < n)).collect();
+                if !behind.is_empty() {
+                    info!(partitions = ?behind, group = ?group, "Group offsets behind the stored ones; committing them again");
+                    self.consumer.commit_for_visibility(&behind);
+                }
+            }
+            Err(e) => debug!(error = %e, "Reading the group's offsets failed; checking again later"),
+        }
     }
 
     /// Takes in what the consumer reported since the last poll: a newly

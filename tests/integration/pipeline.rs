@@ -419,6 +419,59 @@ fn overdue_within_three_seconds(busy: bool) {
     assert!(timer_in_log, "the DeadlineReached event is in the input topic");
 }
 
+/// A group offset set back behind what the pipeline stored (an
+/// asynchronous commit lost in a rebalance, or a stale member's late commit,
+/// which the local broker accepts) is committed again once the pipeline is
+/// idle, rather than leaving lag above zero until the next record arrives.
+#[test]
+fn a_group_offset_set_back_is_committed_again_when_idle() {
+    let _serial = common::serial();
+    let cfg = config("mend-offsets");
+    let running = Running::start(&cfg, system_clock());
+    let codec = Codec::new();
+    let records: Vec<OutboxRecord> = (0..30)
+        .map(|i| {
+            let ev = Event {
+                event_id: format!("m{i}"),
+                operation_id: format!("op-m{i}"),
+                entity_id: format!("cust-m{i}"),
+                operation_type: "sync".into(),
+                seq: Some(1),
+                occurred_at: now(),
+                producer: "test".into(),
+                body: Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
+            };
+            OutboxRecord {
+                topic: cfg.topics.events.clone(),
+                key: Some(ev.entity_id.clone().into_bytes()),
+                value: Some(codec.encode_event(&ev).unwrap()),
+                headers: vec![],
+            }
+        })
+        .collect();
+    Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)
+        .unwrap()
+        .publish_all(records.iter().map(|r| (r, None)))
+        .unwrap();
+    let end = check::end_offsets(&cfg, &cfg.topics.events);
+    let at_end = |c: &BTreeMap<i32, i64>| end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e));
+    assert!(
+        common::wait_for(Duration::from_secs(30), || at_end(&check::committed(&cfg))),
+        "never committed to the end {end:?}"
+    );
+    let (&p, &e) = end.iter().find(|(_, e)| **e > 0).unwrap();
+    check::commit_as_group(&cfg, p, 0);
+    assert_eq!(check::committed(&cfg).get(&p), Some(&0), "the broker refused the outside commit: nothing to mend");
+    let mended = common::wait_for(Duration::from_secs(20), || check::committed(&cfg).get(&p).is_some_and(|c| *c >= e));
+    let stats = running.stop();
+    assert!(
+        mended,
+        "partition {p}'s group offset stayed behind {e}: {:?} ({} records taken in)",
+        check::committed(&cfg),
+        stats.records
+    );
+}
+
 /// Per-partition sequences of output values.
 fn streams(reader: &TopicReader, topic: &str) -> BTreeMap<i32, Vec<Vec<u8>>> {
     let mut out: BTreeMap<i32, Vec<Vec<u8>>> = BTreeMap::new();

@@ -252,6 +252,16 @@ pub fn committed(cfg: &Config) -> BTreeMap<i32, i64> {
     reconciler::kafka::consumer::committed_offsets(&c, &cfg.topics.events, 0..cfg.topics.partitions).unwrap_or_default()
 }
 
+/// Commits `offset` for partition `partition` of the input topic in the
+/// group's name from outside it, as a stale member's late commit would.
+pub fn commit_as_group(cfg: &Config, partition: i32, offset: i64) {
+    let c: BaseConsumer =
+        client_config(&[], &cfg.kafka, &[("group.id", cfg.consumer.group_id.as_str())]).create().unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&cfg.topics.events, partition, rdkafka::Offset::Offset(offset)).unwrap();
+    c.commit(&tpl, rdkafka::consumer::CommitMode::Sync).unwrap();
+}
+
 /// Reads whole topics up to their current ends, as a `read_committed`
 /// downstream service would.
 pub fn read_all(cfg: &Config, topics: &[&str]) -> Vec<Record> {
