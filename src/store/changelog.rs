@@ -34,10 +34,13 @@
 //! `Pipeline::finish_in_flight`): a state restored from the changelog then
 //! never includes a batch whose outputs might be lost with the machine
 //! that held its outbox. Under `exactly_once` they go in the batch's
-//! transaction with its outputs and offsets. They are kept in the outbox
-//! with the outputs until then, so a crash does not lose them either; a
-//! crash *while* they are published leaves a batch cut short, which the
-//! next restore leaves out and sets back ([`super::restoring`]).
+//! transaction with its outputs and offsets. Until they are acknowledged
+//! the outbox notes which partitions have unpublished changelog records
+//! (one of each partition's records, not all: a restart does not publish
+//! them, it forgets those partitions' local state, which is then restored
+//! from the changelog and re-applied from the input). A crash *while* they
+//! are published leaves a batch cut short, which the next restore leaves
+//! out and sets back ([`super::restoring`]).
 
 use super::encoded::{Family, Part, Write};
 use super::keys;

@@ -134,8 +134,10 @@ pub(crate) struct Part {
     /// Every key and value, back to back.
     pub bytes: Vec<u8>,
     pub writes: Vec<Write>,
-    /// Stored as one outbox value.
+    /// The outputs, then the changelog records (from `changelog_from` on),
+    /// stored as one outbox value (see [`Part::stored_outbox`]).
     pub outbox: Vec<OutboxRecord>,
+    pub changelog_from: usize,
 }
 
 impl Encoded {
@@ -159,6 +161,26 @@ impl Encoded {
 }
 
 impl Part {
+    /// What the outbox value keeps of this part's records: every output,
+    /// and of the changelog records one per partition. A restart publishes
+    /// none of the changelog records it finds there: it forgets their
+    /// partitions' local state instead (`Pipeline::republish_outbox`), so
+    /// only their partitions matter. Storing them all wrote the batch's
+    /// state a second time (the changelog has a record per store write).
+    pub(crate) fn stored_outbox(&self) -> Vec<&OutboxRecord> {
+        let (outputs, changelog) = self.outbox.split_at(self.changelog_from.min(self.outbox.len()));
+        let mut kept: Vec<&OutboxRecord> = outputs.iter().collect();
+        let mut partitions: Vec<Option<i32>> = Vec::new();
+        for r in changelog {
+            let p = r.key.as_deref().and_then(super::changelog::partition_of);
+            if !partitions.contains(&p) {
+                partitions.push(p);
+                kept.push(r);
+            }
+        }
+        kept
+    }
+
     fn push(&mut self, bytes: &[u8]) -> Range<usize> {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(bytes);
@@ -213,6 +235,7 @@ impl Batch {
         let mut part = Part {
             bytes: Vec::with_capacity(256 * self.timeline.len() + 4096),
             writes: Vec::new(),
+            changelog_from: self.outbox.len(),
             outbox: self.outbox,
         };
         for (key, value) in by_key(self.timeline.iter().map(|(k, v)| (k, v))) {

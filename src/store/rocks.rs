@@ -554,8 +554,9 @@ impl Store {
         // than one per output. Its buffer sized up front (grown a byte at
         // a time, its copies and fresh pages showed in profiles).
         let outbox = seq.map(|seq| {
-            let size = 8 + part.outbox.iter().map(crate::records::OutboxRecord::stored_size).sum::<usize>();
-            let value = postcard::to_extend(&part.outbox, Vec::with_capacity(size)).expect("outputs serialize");
+            let kept = part.stored_outbox();
+            let size = 8 + kept.iter().map(|r| r.stored_size()).sum::<usize>();
+            let value = postcard::to_extend(&kept, Vec::with_capacity(size)).expect("outputs serialize");
             (keys::outbox(seq), value)
         });
         // Room for every key and value plus RocksDB's few bytes of framing

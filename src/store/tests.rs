@@ -31,6 +31,31 @@ fn record(n: u8) -> OutboxRecord {
     }
 }
 
+/// The outbox keeps a batch's outputs whole, and of its changelog records
+/// only what a restart uses: which partitions had some unpublished.
+#[test]
+fn the_outbox_keeps_the_outputs_and_one_changelog_record_per_partition() {
+    let dir = temp("store-outbox-changelog");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let mut b = Batch::default();
+    b.publish(record(1));
+    for p in [1, 2] {
+        b.put_entity(p, format!("e-{p}"), Some(Default::default()));
+        b.put_entity(p, format!("f-{p}"), Some(Default::default()));
+        b.set_offset(p, 10 * i64::from(p));
+    }
+    let encoded = b.encode(Some(changelog::Target { topic: "t.state", input: "t.events" }));
+    assert_eq!(encoded.parts[0].outbox.len(), 1 + 6, "the output, then 3 changelog records per partition");
+    store.write_encoded(&encoded).unwrap();
+    let pending: Vec<OutboxRecord> = store.pending_outbox().unwrap().into_iter().map(|(_, r)| r).collect();
+    assert_eq!(pending[0], record(1));
+    let partitions: Vec<Option<i32>> =
+        pending[1..].iter().map(|r| changelog::partition_of(r.key.as_deref().unwrap())).collect();
+    assert_eq!(partitions, vec![Some(1), Some(2)]);
+    assert!(pending[1..].iter().all(|r| r.topic == "t.state"));
+    assert_eq!(encoded.into_outbox().len(), 7, "the batch in memory still publishes every record");
+}
+
 #[test]
 fn the_outbox_keeps_each_batch_whole_and_in_order_until_acknowledged() {
     let dir = temp("store-outbox");
