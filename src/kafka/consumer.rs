@@ -175,12 +175,10 @@ impl GroupContext {
     /// error leaves them out: the pipeline then restores nothing silently
     /// and only repeats byte-identical outputs (its restore rule).
     fn committed(&self, consumer: &BaseConsumer<Self>, partitions: &[i32]) -> BTreeMap<i32, i64> {
-        committed_offsets_within(consumer, &self.topic, partitions.iter().copied(), COMMITTED_PATIENCE).unwrap_or_else(
-            |e| {
-                warn!(error = %e, "Cannot read the group's committed offsets; partitions will not restore silently");
-                BTreeMap::new()
-            },
-        )
+        committed_offsets(consumer, &self.topic, partitions.iter().copied()).unwrap_or_else(|e| {
+            warn!(error = %e, "Cannot read the group's committed offsets; partitions will not restore silently");
+            BTreeMap::new()
+        })
     }
 }
 

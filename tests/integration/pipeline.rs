@@ -300,6 +300,23 @@ fn overdue_operation_on_a_busy_partition_is_judged_while_traffic_continues() {
     overdue_within_three_seconds(true);
 }
 
+/// The input record of an idempotent operation's `Requested` (first of
+/// its sequence), keyed by its entity: (event, operation, entity, type).
+fn requested_record(codec: &Codec, topic: &str, ids: (&str, &str, &str, &str), occurred_at: i64) -> OutboxRecord {
+    let (event_id, operation_id, entity_id, operation_type) = ids;
+    let ev = Event {
+        event_id: event_id.into(),
+        operation_id: operation_id.into(),
+        entity_id: entity_id.into(),
+        operation_type: operation_type.into(),
+        seq: Some(1),
+        occurred_at,
+        producer: "test".into(),
+        body: Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
+    };
+    reconciler::records::event_record(codec, topic, &ev).unwrap()
+}
+
 fn overdue_within_three_seconds(busy: bool) {
     let mut cfg = config("overdue");
     cfg.types.insert(
@@ -309,22 +326,7 @@ fn overdue_within_three_seconds(busy: bool) {
     let log = common::logs::mark();
     let running = Running::start(&cfg, system_clock());
     let t = now();
-    let ev = Event {
-        event_id: "q1".into(),
-        operation_id: "op-quick".into(),
-        entity_id: "cust-q".into(),
-        operation_type: "quick".into(),
-        seq: Some(1),
-        occurred_at: t,
-        producer: "test".into(),
-        body: Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
-    };
-    let rec = OutboxRecord {
-        topic: cfg.topics.events.clone(),
-        key: Some(b"cust-q".to_vec()),
-        value: Some(Codec::new().encode_event(&ev).unwrap()),
-        headers: vec![],
-    };
+    let rec = requested_record(&Codec::new(), &cfg.topics.events, ("q1", "op-quick", "cust-q", "quick"), t);
     Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes).unwrap().publish_all([(&rec, None)]).unwrap();
     let deadline = t + 2_000;
     // With `busy`, steady traffic on the same partition while the deadline
@@ -341,26 +343,8 @@ fn overdue_within_three_seconds(busy: bool) {
                 let batch: Vec<OutboxRecord> = (0..20)
                     .map(|_| {
                         i += 1;
-                        let other = Event {
-                            event_id: format!("busy-{i}"),
-                            operation_id: format!("op-busy-{i}"),
-                            entity_id: "cust-q".into(),
-                            operation_type: "slow".into(),
-                            seq: Some(1),
-                            occurred_at: now(),
-                            producer: "test".into(),
-                            body: Body::Requested(Requested {
-                                idempotent: true,
-                                destination: "crm".into(),
-                                ..Default::default()
-                            }),
-                        };
-                        OutboxRecord {
-                            topic: topic.clone(),
-                            key: Some(b"cust-q".to_vec()),
-                            value: Some(codec.encode_event(&other).unwrap()),
-                            headers: vec![],
-                        }
+                        let ids = (format!("busy-{i}"), format!("op-busy-{i}"));
+                        requested_record(&codec, &topic, (&ids.0, &ids.1, "cust-q", "slow"), now())
                     })
                     .collect();
                 publisher.publish_all(batch.iter().map(|r| (r, None))).unwrap();
@@ -431,22 +415,8 @@ fn a_group_offset_set_back_is_committed_again_when_idle() {
     let codec = Codec::new();
     let records: Vec<OutboxRecord> = (0..30)
         .map(|i| {
-            let ev = Event {
-                event_id: format!("m{i}"),
-                operation_id: format!("op-m{i}"),
-                entity_id: format!("cust-m{i}"),
-                operation_type: "sync".into(),
-                seq: Some(1),
-                occurred_at: now(),
-                producer: "test".into(),
-                body: Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }),
-            };
-            OutboxRecord {
-                topic: cfg.topics.events.clone(),
-                key: Some(ev.entity_id.clone().into_bytes()),
-                value: Some(codec.encode_event(&ev).unwrap()),
-                headers: vec![],
-            }
+            let ids = (format!("m{i}"), format!("op-m{i}"), format!("cust-m{i}"));
+            requested_record(&codec, &cfg.topics.events, (&ids.0, &ids.1, &ids.2, "sync"), now())
         })
         .collect();
     Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)
