@@ -142,7 +142,7 @@ fn store_commit(c: &mut Criterion) {
                 let mut batch = Batch::default();
                 for op in engine.ops.values() {
                     batch.move_timer(0, &op.operation_id, None, Some(op));
-                    batch.put_op(0, op.operation_id.clone(), Some(op.clone()), 0);
+                    batch.put_op(0, op.operation_id.clone(), Some(op.clone()), Default::default());
                 }
                 for (id, e) in &engine.entities {
                     batch.put_entity(0, id.clone(), Some(e.clone()));

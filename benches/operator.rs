@@ -10,7 +10,7 @@ use reconciler::core::{apply, Authenticity, Disposition, EntityState, Event, Ope
 use reconciler::demo;
 use reconciler::records::InputRecord;
 use reconciler::store::timeline::{self, Arrival};
-use reconciler::store::{Batch, Store};
+use reconciler::store::{Batch, Store, TimelineHead};
 
 struct Applied {
     arrival: Arrival,
@@ -41,17 +41,32 @@ fn bench(c: &mut Criterion) {
         let disposition = apply(&policy, slot, entity, e.clone(), Authenticity::Signed, pos, &mut outputs).disposition;
         applied.push(Applied { arrival, disposition, outputs, exists: slot.is_some() });
     }
-    let state_batch = || {
-        let mut batch = Batch::default();
+    // The state after the records, each operation with its timeline's
+    // head (empty: written without its timeline).
+    let add_state = |batch: &mut Batch, heads: &mut HashMap<String, TimelineHead>| {
         for (id, op) in &ops {
             batch.move_timer(0, id, None, op.as_ref());
-            batch.put_op(0, id.clone(), op.clone(), 0);
+            batch.put_op(0, id.clone(), op.clone(), heads.remove(id).unwrap_or_default());
         }
         for (id, e) in &entities {
             batch.put_entity(0, id.clone(), Some(e.clone()));
         }
         batch.set_offset(0, evs.len() as i64);
+    };
+    let state_batch = || {
+        let mut batch = Batch::default();
+        add_state(&mut batch, &mut HashMap::new());
         batch
+    };
+    // The records' timeline entries (in their operations' heads, or out of
+    // them into the batch), then the state.
+    let record_all = |batch: &mut Batch, arrivals: Vec<Arrival>| {
+        let mut heads: HashMap<String, TimelineHead> = HashMap::new();
+        for (arrival, a) in arrivals.into_iter().zip(&applied) {
+            let head = heads.entry(arrival.operation_id().to_owned()).or_default();
+            timeline::record(batch, head, arrival, a.disposition, &a.outputs, a.exists);
+        }
+        heads
     };
     let base = std::env::temp_dir().join(format!("reconciler-bench-timeline-{}", std::process::id()));
     let n = std::cell::Cell::new(0);
@@ -69,13 +84,11 @@ fn bench(c: &mut Criterion) {
         eprintln!("state: {} operations, {state} bytes encoded", ops.len());
         for _ in 0..3 {
             let (store, _) = fresh();
-            let mut batch = state_batch();
+            let mut batch = Batch::default();
+            let arrivals = applied.iter().map(|a| a.arrival.clone()).collect();
             let t0 = std::time::Instant::now();
-            let mut totals = HashMap::new();
-            for a in &applied {
-                let total = totals.entry(a.arrival.operation_id().to_owned()).or_insert(0);
-                timeline::record(&mut batch, total, a.arrival.clone(), a.disposition, &a.outputs, a.exists);
-            }
+            let mut heads = record_all(&mut batch, arrivals);
+            add_state(&mut batch, &mut heads);
             let t1 = t0.elapsed();
             store.commit(batch).unwrap();
             let t2 = t0.elapsed();
@@ -100,13 +113,11 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("commit_5000_records_with_timeline", |b| {
         b.iter_batched(
-            || (fresh(), state_batch(), applied.iter().map(|a| a.arrival.clone()).collect::<Vec<_>>()),
-            |((store, dir), mut batch, arrivals)| {
-                let mut totals = HashMap::new();
-                for (arrival, a) in arrivals.into_iter().zip(&applied) {
-                    let total = totals.entry(arrival.operation_id().to_owned()).or_insert(0);
-                    timeline::record(&mut batch, total, arrival, a.disposition, &a.outputs, a.exists);
-                }
+            || (fresh(), applied.iter().map(|a| a.arrival.clone()).collect::<Vec<_>>()),
+            |((store, dir), arrivals)| {
+                let mut batch = Batch::default();
+                let mut heads = record_all(&mut batch, arrivals);
+                add_state(&mut batch, &mut heads);
                 store.commit(batch).unwrap();
                 (store, dir)
             },
@@ -118,12 +129,8 @@ fn bench(c: &mut Criterion) {
             || applied.iter().map(|a| a.arrival.clone()).collect::<Vec<_>>(),
             |arrivals| {
                 let mut batch = Batch::default();
-                let mut totals = HashMap::new();
-                for (arrival, a) in arrivals.into_iter().zip(&applied) {
-                    let total = totals.entry(arrival.operation_id().to_owned()).or_insert(0);
-                    timeline::record(&mut batch, total, arrival, a.disposition, &a.outputs, a.exists);
-                }
-                batch
+                let heads = record_all(&mut batch, arrivals);
+                (batch, heads)
             },
             BatchSize::LargeInput,
         )

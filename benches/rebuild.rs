@@ -14,7 +14,8 @@
 //!
 //!   REBUILD_OPERATIONS=10000000 cargo bench --bench rebuild
 //!   REBUILD_THREADS=1 cargo bench --bench rebuild
-//!   REBUILD_OUTPUTS=1 cargo bench --bench rebuild   # as `replay --output-prefix`
+//!   REBUILD_OUTPUTS=1 cargo bench --bench rebuild   # as `replay --output-prefix`,
+//!                                                  # and counts the changelog records
 //!   REBUILD_BLOCK_CACHE_MB=128 REBUILD_OPERATIONS=1000000 cargo bench --bench rebuild
 
 use std::collections::BTreeMap;
@@ -91,6 +92,8 @@ fn main() {
     let mut topic = MemoryTopic::new(partitions);
     let no_restore = BTreeMap::new();
     let mut stats = Stats::default();
+    // With outputs: the state changelog records the batches would publish.
+    let (mut changelog_records, mut changelog_bytes) = (0u64, 0u64);
     let started = Instant::now();
     loop {
         let records: Vec<Record> = gen
@@ -109,7 +112,13 @@ fn main() {
         let a = t.elapsed();
         let seqs = store.write_encoded(&applied.batch).unwrap();
         store.ack_outbox(seqs).unwrap();
-        drop(applied);
+        // Freed here, timed, as the pipeline frees a written batch.
+        let outbox = applied.batch.into_outbox();
+        for r in outbox.iter().filter(|r| r.topic == cfg.topics.changelog) {
+            changelog_records += 1;
+            changelog_bytes += (r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len)) as u64;
+        }
+        drop(outbox);
         busy += t.elapsed();
         phases[0] += a;
         phases[1] += t.elapsed() - a;
@@ -132,6 +141,15 @@ fn main() {
         if discard_outputs { "counted, as a replay without --output-prefix" } else { "encoded and stored" }
     );
     println!("phases: apply {:.2} s, store write and flush {:.2} s", phases[0].as_secs_f64(), phases[1].as_secs_f64());
+    if !discard_outputs {
+        println!(
+            "changelog: {changelog_records} records ({:.2} per input record, {:.2} per operation), {:.1} MB of keys and values ({:.0} bytes per input record)",
+            changelog_records as f64 / total as f64,
+            changelog_records as f64 / operations as f64,
+            changelog_bytes as f64 / 1e6,
+            changelog_bytes as f64 / total as f64
+        );
+    }
     println!(
         "memory: peak RSS {} MB, RSS at end {} MB (block cache {} MiB, memtables {} MiB); store on disk {} MB",
         status_kb("VmHWM:") / 1024,

@@ -26,9 +26,11 @@ use crate::records::OutboxRecord;
 pub struct Ticket(usize);
 
 /// Per ticket: records not yet reported on, failures and the last error.
+/// `unreported` is signed: [`Publisher::send_all`] adds its count once,
+/// after the last send, and reports may come in before that.
 #[derive(Default)]
 struct Outstanding {
-    unreported: usize,
+    unreported: i64,
     failed: u64,
     last_error: Option<RDKafkaErrorCode>,
 }
@@ -130,12 +132,16 @@ impl Publisher {
         ctx.tickets.lock().expect("not poisoned").insert(ticket, Outstanding::default());
         let mut sent = 0;
         for (rec, partition) in records {
-            let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
-            for (k, v) in &rec.headers {
-                headers = headers.insert(Header { key: k, value: v.as_deref() });
+            let mut br: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(&rec.topic, ticket);
+            // No header list for a record without headers (a changelog
+            // record): librdkafka would allocate and free an empty one.
+            if !rec.headers.is_empty() {
+                let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+                for (k, v) in &rec.headers {
+                    headers = headers.insert(Header { key: k, value: v.as_deref() });
+                }
+                br = br.headers(headers);
             }
-            let mut br: BaseRecord<'_, [u8], [u8], usize> =
-                BaseRecord::with_opaque_to(&rec.topic, ticket).headers(headers);
             if let Some(k) = &rec.key {
                 br = br.key(k.as_slice());
             }
@@ -145,8 +151,6 @@ impl Publisher {
             if let Some(p) = partition {
                 br = br.partition(p);
             }
-            // Counted before the send: its report may arrive before `send` returns.
-            ctx.tickets.lock().expect("not poisoned").get_mut(&ticket).expect("registered above").unreported += 1;
             let mut queue_deadline = None;
             loop {
                 match self.producer.send(br) {
@@ -168,6 +172,8 @@ impl Publisher {
             }
             sent += 1;
         }
+        // One lock for the batch, not one per record.
+        ctx.tickets.lock().expect("not poisoned").get_mut(&ticket).expect("registered above").unreported += sent as i64;
         Ok((Ticket(ticket), sent))
     }
 
@@ -187,7 +193,7 @@ impl Publisher {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let missing = t.unreported;
+                let missing = t.unreported.max(0) as usize;
                 tickets.remove(&ticket.0);
                 drop(tickets);
                 self.purge();

@@ -271,11 +271,11 @@ fn audit_reports_an_open_operation_without_a_timer() {
     h.batch(vec![ev("e1", Some(1), 1_000, requested())]);
     assert!(audit::untimed(&h.store).unwrap().is_empty());
     // A state written without its timer (what a bug in the core would do).
-    let (mut op, total) = h.store.load_op(0, "op-1").unwrap();
+    let (mut op, head) = h.store.load_op(0, "op-1").unwrap();
     let mut batch = Batch::default();
     batch.move_timer(0, "op-1", op.as_ref().and_then(|o| o.timer_at), None);
     op.as_mut().unwrap().timer_at = None;
-    batch.put_op(0, "op-1".into(), op, total);
+    batch.put_op(0, "op-1".into(), op, head);
     h.store.commit(batch).unwrap();
     let untimed = audit::untimed(&h.store).unwrap();
     assert_eq!(untimed.len(), 1);

@@ -31,7 +31,7 @@ use crate::records::{authenticity, dead_letter, decode_record, output_record};
 use crate::signature::ControlKeys;
 use crate::store::changelog::Target;
 use crate::store::timeline::{self, Arrival};
-use crate::store::{Batch, Encoded, Store};
+use crate::store::{Batch, Encoded, Store, TimelineHead};
 
 /// What a batch needs besides its records; borrowed from the pipeline.
 pub struct Applier<'a> {
@@ -76,12 +76,12 @@ pub struct Applied {
 }
 
 /// An operation during a batch: the timer it had in the index before the
-/// batch (to move it in the index once, at the end), its state, and how
-/// many timeline entries it has received.
+/// batch (to move it in the index once, at the end), its state, and its
+/// timeline's head (stored with it).
 struct OpSlot {
     timer_before: Option<i64>,
     state: Option<OperationState>,
-    timeline_total: u64,
+    timeline: TimelineHead,
 }
 
 impl Applied {
@@ -127,8 +127,8 @@ impl<'a> Applier<'a> {
         Ok(match ops.entry((p, operation_id.to_owned())) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(v) => {
-                let (state, timeline_total) = self.store.load_op(p, operation_id)?;
-                v.insert(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline_total })
+                let (state, timeline) = self.store.load_op(p, operation_id)?;
+                v.insert(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline })
             }
         })
     }
@@ -302,7 +302,7 @@ impl<'a> Applier<'a> {
             let step = core::apply(self.policy, slot, entity, ev, auth, pos, &mut outputs);
             let d = step.disposition;
             self.metrics.event(d, failed, slot.as_ref());
-            timeline::record(&mut batch, &mut op.timeline_total, arrival, d, &outputs, slot.is_some());
+            timeline::record(&mut batch, &mut op.timeline, arrival, d, &outputs, slot.is_some());
             *stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if let (Disposition::Held, Some(op)) = (d, slot.as_ref()) {
                 debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, partition = p, offset = r.offset, "Event held for reordering");
@@ -318,14 +318,14 @@ impl<'a> Applier<'a> {
                     self.metrics.superseded(closed);
                     debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, by = %s.by.operation_id, closed, "Operation superseded");
                     let arrival = Arrival::superseded(s);
-                    timeline::record(&mut batch, &mut older.timeline_total, arrival, d, &outputs, true);
+                    timeline::record(&mut batch, &mut older.timeline, arrival, d, &outputs, true);
                 }
                 self.emit(&mut outputs, silent, &mut batch, stats)?;
             }
         }
         for ((p, op_id), op) in ops {
             batch.move_timer(p, &op_id, op.timer_before, op.state.as_ref());
-            batch.put_op(p, op_id, op.state, op.timeline_total);
+            batch.put_op(p, op_id, op.state, op.timeline);
         }
         for ((p, id), e) in entities {
             // Its facts go with its last operation (bounded state).

@@ -5,7 +5,12 @@
 //! # Records
 //!
 //! One record per store write, to the changelog partition equal to the
-//! input partition. The key is `[format, family] ++ store key`; the value
+//! input partition, but for the timer index: it follows from the
+//! operations (each holds its timer), so whoever applies a changelog
+//! rebuilds it as the operations arrive (see [`super::restoring`]). A
+//! timer moves with nearly every operation write (set at the request,
+//! moved to retention at the close), so this leaves out about one record
+//! in three. The key is `[format, family] ++ store key`; the value
 //! is the stored value byte for byte, or null (a tombstone) for a delete.
 //! Compaction then keeps the latest value of every key, and tombstones
 //! remove what retention removed; what is left of a partition is exactly
@@ -24,9 +29,12 @@
 //! a changelog written by a version with another layout is never restored
 //! into this one (the restore stops and the partition replays the input).
 //!
-//! An operation that leaves retention takes its timeline with it in one
+//! An operation's latest timeline entries are in its value, so they cost
+//! no record of their own (see [`super::timeline`]). An operation that
+//! leaves retention takes the entries out of its value with it in one
 //! RocksDB range delete; the changelog has no range tombstone, so that
-//! becomes one tombstone per ring slot the operation ever used.
+//! becomes one tombstone per ring slot the operation used there (none for
+//! most operations).
 //!
 //! # When the records are published
 //!
@@ -125,6 +133,7 @@ pub(crate) fn records(part: &Part, to: Target<'_>) -> Vec<OutboxRecord> {
     let mut out = Vec::with_capacity(part.writes.len());
     for w in &part.writes {
         match w {
+            Write::Put { family: Family::Timers, .. } | Write::Delete { family: Family::Timers, .. } => {}
             Write::Put { family: Family::Offsets, key, value } => {
                 let next = keys::offset_of(&bytes[value.clone()]).expect("an offsets write holds an offset");
                 out.push(record(Family::Offsets, &bytes[key.clone()], Some(&offsets_value(next, to.input))))

@@ -8,6 +8,7 @@
 //! batch, the parts in parallel (RocksDB inserts concurrent writes into the
 //! memtable in parallel).
 
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
@@ -65,12 +66,24 @@ pub(crate) enum Write {
 /// An operation as stored: how many timeline entries it has received in
 /// all (read with the state, so recording the timeline needs no read of its
 /// own), the few fields the metrics scan reads (decoded without the rest),
-/// then the state.
+/// the state, then its latest timeline entries (see
+/// [`super::timeline::Head`]; last, so that reading the state alone never
+/// decodes them).
 #[derive(Serialize)]
 pub(super) struct StoredOpRef<'a> {
     pub timeline_total: u64,
     pub summary: OpSummaryRef<'a>,
     pub state: &'a OperationState,
+    pub latest: LatestRef<'a>,
+}
+
+/// The latest timeline entries as written: each as one byte string.
+pub(super) struct LatestRef<'a>(&'a VecDeque<Vec<u8>>);
+
+impl Serialize for LatestRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|v| serde_bytes::Bytes::new(v)))
+    }
 }
 
 /// [`OpSummary`] as written: borrowed from the state.
@@ -83,12 +96,30 @@ pub(super) struct OpSummaryRef<'a> {
     follow_up: Option<RepairAction>,
 }
 
-/// [`StoredOpRef`] as read back.
+/// [`StoredOpRef`] as read back, but for the timeline entries (decode it
+/// as a prefix).
 #[derive(Deserialize)]
 pub(super) struct StoredOp {
+    pub _timeline_total: u64,
+    pub _summary: OpSummary,
+    pub state: OperationState,
+}
+
+/// [`StoredOpRef`] as read back whole.
+#[derive(Deserialize)]
+pub(super) struct StoredOpWithTimeline {
     pub timeline_total: u64,
     pub _summary: OpSummary,
     pub state: OperationState,
+    pub latest: Vec<serde_bytes::ByteBuf>,
+}
+
+impl StoredOpWithTimeline {
+    /// The state and the timeline's head.
+    pub(super) fn split(self) -> (OperationState, super::timeline::Head) {
+        let latest = self.latest.into_iter().map(serde_bytes::ByteBuf::into_vec).collect();
+        (self.state, super::timeline::Head { total: self.timeline_total, latest })
+    }
 }
 
 /// What the state gauges need of an operation; stored in front of its
@@ -241,21 +272,29 @@ impl Batch {
         for (key, value) in by_key(self.timeline.iter().map(|(k, v)| (k, v))) {
             part.put_bytes(Family::Timeline, key, value);
         }
-        for (key, (p, id, state, timeline_total)) in by_key(self.ops.iter().map(|op| (keys::scoped(op.0, &op.1), op))) {
+        for (key, (p, id, state, head)) in by_key(self.ops.iter().map(|op| (keys::scoped(op.0, &op.1), op))) {
             match state {
                 Some(state) => part.put(
                     Family::Ops,
                     &key,
-                    &StoredOpRef { timeline_total: *timeline_total, summary: OpSummaryRef::of(state), state },
+                    &StoredOpRef {
+                        timeline_total: head.total,
+                        summary: OpSummaryRef::of(state),
+                        state,
+                        latest: LatestRef(&head.latest),
+                    },
                 ),
                 None => {
                     part.delete(Family::Ops, &key);
-                    // Out of retention: its timeline goes with it (after
-                    // this batch's entries, which it removes too).
-                    let from = part.push(&keys::timeline_head(*p, id));
-                    let to = part.push(&keys::timeline_end(*p, id));
-                    let slots = (*timeline_total).min(super::timeline::TIMELINE_CAP) as u32;
-                    part.writes.push(Write::DeleteRange { family: Family::Timeline, from, to, slots });
+                    // Out of retention: the entries its value did not hold
+                    // go with it (after this batch's, which it removes
+                    // too). Most operations have none: no range delete.
+                    let slots = head.spilled_slots();
+                    if slots > 0 {
+                        let from = part.push(&keys::timeline_head(*p, id));
+                        let to = part.push(&keys::timeline_end(*p, id));
+                        part.writes.push(Write::DeleteRange { family: Family::Timeline, from, to, slots });
+                    }
                 }
             }
         }

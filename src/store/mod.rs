@@ -20,7 +20,7 @@ pub use claims::Claims;
 pub use encoded::{Encoded, OpSummary};
 pub use restoring::{Restored, Restoring, Tail};
 pub use rocks::{Store, StoreError, StoreSize};
-pub use timeline::{Timeline, TimelineEntry};
+pub use timeline::{Head as TimelineHead, Timeline, TimelineEntry};
 
 use serde::{Deserialize, Serialize};
 
@@ -44,25 +44,32 @@ pub struct TimerEntry {
 /// Everything one consumed batch changed, written atomically.
 #[derive(Debug, Default)]
 pub struct Batch {
-    /// (partition, operation, state or `None` to delete, timeline entries
-    /// the operation has received in all).
-    pub(crate) ops: Vec<(i32, String, Option<OperationState>, u64)>,
+    /// (partition, operation, state or `None` to delete, its timeline's
+    /// head: stored in its value).
+    pub(crate) ops: Vec<(i32, String, Option<OperationState>, timeline::Head)>,
     /// (partition, entity, facts or `None` to delete).
     pub(crate) entities: Vec<(i32, String, Option<EntityState>)>,
     pub(crate) timers_removed: Vec<(i32, i64, String)>,
     pub(crate) timers_added: Vec<(i32, TimerEntry)>,
     pub(crate) offsets: Vec<(i32, i64)>,
     pub(crate) outbox: Vec<OutboxRecord>,
-    /// Timeline entries, keyed and serialized (written before `ops`: an
-    /// operation deleted in the same batch takes them with it).
+    /// Timeline entries out of their operations' values, keyed and
+    /// serialized (written before `ops`: an operation deleted in the same
+    /// batch takes them with it).
     pub(crate) timeline: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Batch {
-    /// Sets (or, with `None`, deletes) an operation's state, with the
-    /// number of timeline entries it has received in all.
-    pub fn put_op(&mut self, partition: i32, operation_id: String, state: Option<OperationState>, timeline_total: u64) {
-        self.ops.push((partition, operation_id, state, timeline_total));
+    /// Sets (or, with `None`, deletes) an operation's state, with its
+    /// timeline's head.
+    pub fn put_op(
+        &mut self,
+        partition: i32,
+        operation_id: String,
+        state: Option<OperationState>,
+        head: timeline::Head,
+    ) {
+        self.ops.push((partition, operation_id, state, head));
     }
 
     /// Sets (or, with `None`, deletes) an entity's facts.
@@ -105,8 +112,8 @@ impl Batch {
         self.outbox.push(record);
     }
 
-    /// Records a timeline entry (its ring slot is `entry.ordinal`
-    /// modulo [`timeline::TIMELINE_CAP`]).
+    /// Records a timeline entry out of its operation's value (its ring
+    /// slot is `entry.ordinal` modulo [`timeline::TIMELINE_CAP`]).
     pub fn add_timeline(&mut self, partition: i32, operation_id: &str, entry: &TimelineEntry) {
         let value = postcard::to_allocvec(entry).expect("timeline entries serialize");
         self.add_timeline_value(partition, operation_id, entry.ordinal, value);

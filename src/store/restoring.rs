@@ -20,13 +20,22 @@
 //! Why the values under the tail are still there to read: compaction never
 //! cleans the active segment, and a tail followed by no record stays in it.
 //! Once the undo follows, the tail's records are superseded by it.
+//!
+//! # The timer index
+//!
+//! The changelog carries no timers. Each operation record applied moves
+//! its operation's timer in the index, from the timer of the value it
+//! replaces (read from the store, or from the writes staged but not yet
+//! written) to the timer of its new value: applied in log order, the index
+//! ends as the operations' writer left it.
 
 use rocksdb::WriteBatch;
+use rustc_hash::FxHashMap;
 
 use super::changelog::{change, record, Change, Unreadable};
 use super::encoded::Family;
 use super::keys;
-use super::rocks::{Store, StoreError, FORMAT, OFFSETS};
+use super::rocks::{Store, StoreError, FORMAT, OFFSETS, TIMERS};
 use crate::records::OutboxRecord;
 
 /// A partition's state being replaced by its changelog: the first record
@@ -45,6 +54,50 @@ pub struct Restoring<'a> {
     complete_to: Option<i64>,
     /// The writes read since then: `(family, store key)`.
     tail: Vec<(Family, Vec<u8>)>,
+    timers: TimerMoves,
+}
+
+/// The timer keys of the operations staged in a write batch not yet
+/// written (a store read would miss them): operation key → its timer key.
+#[derive(Default)]
+struct TimerMoves {
+    staged: FxHashMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl TimerMoves {
+    /// Moves the timer of operation `key` of `partition` to the one of
+    /// `value` (`None`: the operation is deleted), in `wb`.
+    fn apply(
+        &mut self,
+        store: &Store,
+        wb: &mut WriteBatch,
+        partition: i32,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let before = match self.staged.get(key) {
+            Some(t) => t.clone(),
+            None => match store.get_raw(Family::Ops, key)? {
+                Some(v) => store.timer_of(partition, &v)?.map(|(k, _)| k),
+                None => None,
+            },
+        };
+        let after = value.map(|v| store.timer_of(partition, v)).transpose()?.flatten();
+        let cf = store.cf(TIMERS);
+        if let Some(k) = before.as_ref().filter(|k| after.as_ref().map(|(a, _)| a) != Some(*k)) {
+            wb.delete_cf(cf, k);
+        }
+        if let Some((k, v)) = &after {
+            wb.put_cf(cf, k, v);
+        }
+        self.staged.insert(key.to_vec(), after.map(|(k, _)| k));
+        Ok(())
+    }
+
+    /// The staged writes were written: the store answers for them now.
+    fn written(&mut self) {
+        self.staged.clear();
+    }
 }
 
 /// Bytes of restored records written in one RocksDB write.
@@ -108,6 +161,7 @@ impl<'a> Restoring<'a> {
             records: 0,
             complete_to: None,
             tail: Vec::new(),
+            timers: TimerMoves::default(),
         }
     }
 
@@ -115,10 +169,13 @@ impl<'a> Restoring<'a> {
     /// (`value` `None`: a tombstone).
     pub fn apply(&mut self, at: i64, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
         if self.records == 0 {
+            // Written at once: the timers' moves then read this restore's
+            // writes only.
             self.store.wipe_partition(self.partition, &mut self.wb);
+            self.store.write(std::mem::take(&mut self.wb))?;
         }
         self.records += 1;
-        match stage(self.store, &mut self.wb, self.partition, key, value)? {
+        match stage(self.store, &mut self.wb, &mut self.timers, self.partition, key, value)? {
             Change::Offset(next) => {
                 self.offset = Some(next);
                 self.complete_to = Some(at + 1);
@@ -128,6 +185,7 @@ impl<'a> Restoring<'a> {
         }
         if self.wb.size_in_bytes() >= RESTORE_CHUNK_BYTES {
             self.store.write(std::mem::take(&mut self.wb))?;
+            self.timers.written();
         }
         Ok(())
     }
@@ -160,10 +218,12 @@ impl<'a> Restoring<'a> {
 }
 
 /// Reads changelog record `key`/`value` of `partition` and, for a write,
-/// adds it to `wb`; what the record is.
+/// adds it to `wb` (with its timer's move, for an operation); what the
+/// record is.
 fn stage<'k>(
     store: &Store,
     wb: &mut WriteBatch,
+    timers: &mut TimerMoves,
     partition: i32,
     key: &'k [u8],
     value: Option<&'k [u8]>,
@@ -177,6 +237,9 @@ fn stage<'k>(
         },
     })?;
     if let Change::Write { family, key, value } = &found {
+        if *family == Family::Ops {
+            timers.apply(store, wb, partition, key, *value)?;
+        }
         let cf = store.cf(family.name());
         match value {
             Some(v) => wb.put_cf(cf, key, v),
@@ -200,9 +263,10 @@ impl Store {
         records: &[(Vec<u8>, Option<Vec<u8>>)],
     ) -> Result<Option<i64>, StoreError> {
         let mut wb = WriteBatch::default();
+        let mut timers = TimerMoves::default();
         let mut offset = None;
         for (key, value) in records {
-            offset = match stage(self, &mut wb, partition, key, value.as_deref())? {
+            offset = match stage(self, &mut wb, &mut timers, partition, key, value.as_deref())? {
                 Change::Offset(next) => Some(next),
                 Change::Write { .. } => None,
             };

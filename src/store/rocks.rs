@@ -8,10 +8,10 @@ use rocksdb::{
 };
 use serde::de::DeserializeOwned;
 
-use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, Write};
+use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, StoredOpWithTimeline, Write};
 use super::keys;
 use super::restoring::Restoring;
-use super::timeline::{Timeline, TimelineEntry};
+use super::timeline::{Head, Timeline, TimelineEntry, TIMELINE_CAP};
 use super::{Batch, TimerEntry};
 use crate::config::StoreTuning;
 use crate::core::{EntityState, OperationState};
@@ -95,8 +95,10 @@ pub enum StoreError {
 /// The layout of the values in the store. 2: an operation's value carries
 /// its timeline total; the outbox holds one value per batch. 3: follow-ups,
 /// requeue counts, scheduled retries and supersession in the operation;
-/// operation counts and open operations in the entity.
-pub(super) const FORMAT: u32 = 3;
+/// operation counts and open operations in the entity. 4: an operation's
+/// latest timeline entries in its value (see [`super::timeline`]), and no
+/// timers in the changelog (see [`super::changelog`]).
+pub(super) const FORMAT: u32 = 4;
 
 /// The size of a store ([`Store::size`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -131,6 +133,9 @@ pub struct Store {
     /// name it, see [`super::changelog`]).
     pub(super) topic: String,
 }
+
+/// A key and a value, as a write batch takes them.
+pub(super) type KeyValue = (Vec<u8>, Vec<u8>);
 
 fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
     postcard::from_bytes(bytes).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() })
@@ -304,18 +309,41 @@ impl Store {
 
     /// An operation's state, if `partition` holds it.
     pub fn get_op(&self, partition: i32, operation_id: &str) -> Result<Option<OperationState>, StoreError> {
-        Ok(self.load_op(partition, operation_id)?.0)
+        self.db
+            .get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))?
+            .map(|b| decode_prefix::<StoredOp>("operation", &b).map(|s| s.state))
+            .transpose()
     }
 
-    /// An operation's state with the number of timeline entries it has
-    /// received in all (0 when there is no such operation).
-    pub fn load_op(&self, partition: i32, operation_id: &str) -> Result<(Option<OperationState>, u64), StoreError> {
+    /// The timer index entry of stored operation value `value` of
+    /// `partition` (key and value, as [`Batch::move_timer`] writes it), if
+    /// it has a timer.
+    pub(super) fn timer_of(&self, partition: i32, value: &[u8]) -> Result<Option<KeyValue>, StoreError> {
+        let op = decode_prefix::<StoredOp>("operation", value)?.state;
+        Ok(op.timer_at.map(|at| {
+            let key = keys::timer(partition, at, &op.operation_id);
+            let entry = TimerEntry {
+                at,
+                operation_id: op.operation_id,
+                entity_id: op.entity_id,
+                operation_type: op.operation_type,
+            };
+            (key, postcard::to_allocvec(&entry).expect("timers serialize"))
+        }))
+    }
+
+    /// An operation's state with its timeline's head (empty when there is
+    /// no such operation).
+    pub fn load_op(&self, partition: i32, operation_id: &str) -> Result<(Option<OperationState>, Head), StoreError> {
         let stored = self
             .db
             .get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))?
-            .map(|b| decode::<StoredOp>("operation", &b))
+            .map(|b| decode::<StoredOpWithTimeline>("operation", &b))
             .transpose()?;
-        Ok(stored.map_or((None, 0), |s| (Some(s.state), s.timeline_total)))
+        Ok(stored.map_or((None, Head::default()), |s| {
+            let (state, head) = s.split();
+            (Some(state), head)
+        }))
     }
 
     /// An entity's facts in `partition` (empty when it has none).
@@ -401,7 +429,7 @@ impl Store {
     /// Visits the operations of `partition` one at a time, without holding
     /// them all in memory; stops early when `visit` returns false.
     pub fn scan_ops(&self, partition: i32, mut visit: impl FnMut(OperationState) -> bool) -> Result<(), StoreError> {
-        self.scan_op_values(partition, |v| Ok(visit(decode::<StoredOp>("operation", v)?.state)))
+        self.scan_op_values(partition, |v| Ok(visit(decode_prefix::<StoredOp>("operation", v)?.state)))
     }
 
     /// Visits the summaries of the operations of `partition` (decoding
@@ -421,7 +449,14 @@ impl Store {
         mut visit: impl FnMut(&[u8]) -> Result<bool, StoreError>,
     ) -> Result<(), StoreError> {
         let prefix = keys::partition_prefix(partition);
-        for item in self.db.iterator_cf(self.cf(OPS), IteratorMode::From(&prefix, Direction::Forward)) {
+        // A scan of every operation (the metrics sampler's, the review
+        // queue's) reads blocks the pipeline may never read again: kept out
+        // of the block cache, it neither evicts the pipeline's hot blocks
+        // nor fills the cache up to its budget on its own.
+        let mut once = rocksdb::ReadOptions::default();
+        once.fill_cache(false);
+        let from = IteratorMode::From(&prefix, Direction::Forward);
+        for item in self.db.iterator_cf_opt(self.cf(OPS), once, from) {
             let (k, v) = item?;
             if !k.starts_with(&prefix) || !visit(&v)? {
                 break;
@@ -456,33 +491,55 @@ impl Store {
 
     /// How many timeline entries `operation_id` has received in all.
     pub fn timeline_total(&self, partition: i32, operation_id: &str) -> Result<u64, StoreError> {
-        Ok(self.load_op(partition, operation_id)?.1)
+        Ok(self.load_op(partition, operation_id)?.1.total)
     }
 
-    /// An operation's retained timeline, in arrival order.
+    /// An operation's retained timeline, in arrival order: the entries out
+    /// of its value (the ring slots of those still retained), then those in
+    /// it.
     pub fn timeline(&self, partition: i32, operation_id: &str) -> Result<Timeline, StoreError> {
-        let total = self.timeline_total(partition, operation_id)?;
-        let start = keys::timeline_entry(partition, operation_id, 0);
-        let end = keys::timeline_end(partition, operation_id);
+        let head = self.load_op(partition, operation_id)?.1;
+        let retained = head.total.saturating_sub(TIMELINE_CAP)..head.first_inline();
         let mut entries: Vec<TimelineEntry> = Vec::new();
-        for item in self.db.iterator_cf(self.cf(TIMELINE), IteratorMode::From(&start, Direction::Forward)) {
-            let (k, v) = item?;
-            if k.as_ref() >= end.as_slice() {
-                break;
+        if !retained.is_empty() {
+            let start = keys::timeline_entry(partition, operation_id, 0);
+            let end = keys::timeline_end(partition, operation_id);
+            for item in self.db.iterator_cf(self.cf(TIMELINE), IteratorMode::From(&start, Direction::Forward)) {
+                let (k, v) = item?;
+                if k.as_ref() >= end.as_slice() {
+                    break;
+                }
+                let entry: TimelineEntry = decode("timeline entry", &v)?;
+                // A slot may still hold an entry the ring has moved past.
+                if retained.contains(&entry.ordinal) {
+                    entries.push(entry);
+                }
             }
-            entries.push(decode("timeline entry", &v)?);
+            entries.sort_by_key(|e| e.ordinal);
         }
-        entries.sort_by_key(|e| e.ordinal);
-        Ok(Timeline { total, entries })
+        for v in &head.latest {
+            entries.push(decode("timeline entry", v)?);
+        }
+        Ok(Timeline { total: head.total, entries })
     }
 
     /// Every key and value of the operation and entity state, in key order
-    /// (for digests): `f(family, key, value)`.
+    /// (for digests): `f(family, key, value)`, an operation's value without
+    /// its timeline entries (the digest leaves timelines out).
     pub fn scan_state(&self, mut f: impl FnMut(&str, &[u8], &[u8])) -> Result<(), StoreError> {
         for family in [OPS, ENTITIES] {
             for item in self.db.iterator_cf(self.cf(family), IteratorMode::Start) {
                 let (k, v) = item?;
-                f(family, &k, &v);
+                let state = match family {
+                    OPS => {
+                        let rest = postcard::take_from_bytes::<StoredOp>(&v)
+                            .map_err(|e| StoreError::Corrupt { what: "operation", reason: e.to_string() })?
+                            .1;
+                        &v[..v.len() - rest.len()]
+                    }
+                    _ => &v[..],
+                };
+                f(family, &k, state);
             }
         }
         Ok(())

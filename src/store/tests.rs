@@ -90,12 +90,12 @@ fn an_operation_is_read_back_with_its_timeline_total() {
     let ev = Event::deadline_reached("op-1", "ent-1", "sync", 5);
     let state = OperationState::new(&ev);
     let mut batch = Batch::default();
-    batch.put_op(0, "op-1".into(), Some(state.clone()), 7);
+    batch.put_op(0, "op-1".into(), Some(state.clone()), TimelineHead::of_total(7));
     store.commit(batch).unwrap();
-    assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), 7));
+    assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), TimelineHead::of_total(7)));
     assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
     assert_eq!(store.timeline_total(0, "op-1").unwrap(), 7);
-    assert_eq!(store.load_op(1, "op-1").unwrap(), (None, 0), "operations are scoped by partition");
+    assert_eq!(store.load_op(1, "op-1").unwrap(), (None, TimelineHead::default()), "scoped by partition");
     let mut seen = Vec::new();
     store
         .scan_summaries(0, |s| {
@@ -112,7 +112,7 @@ fn an_operation_is_read_back_with_its_timeline_total() {
     };
     assert_eq!(seen, vec![summary]);
     let mut batch = Batch::default();
-    batch.put_op(0, "op-1".into(), None, 7);
+    batch.put_op(0, "op-1".into(), None, TimelineHead::of_total(7));
     store.commit(batch).unwrap();
     assert_eq!(store.timeline_total(0, "op-1").unwrap(), 0);
 }
@@ -175,7 +175,7 @@ fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
     batch.add_timeline(0, "op-1", &entry(3));
     batch.add_timeline(0, "op-1", &entry(3 + timeline::TIMELINE_CAP));
     batch.add_timeline(0, "op-0", &entry(0));
-    batch.put_op(0, "op-1".into(), Some(OperationState::new(&ev)), 4 + timeline::TIMELINE_CAP);
+    batch.put_op(0, "op-1".into(), Some(OperationState::new(&ev)), TimelineHead::of_total(4 + timeline::TIMELINE_CAP));
     store.commit(batch).unwrap();
     let t = store.timeline(0, "op-1").unwrap();
     assert_eq!(t.entries.iter().map(|e| e.ordinal).collect::<Vec<_>>(), vec![3 + timeline::TIMELINE_CAP]);
@@ -195,4 +195,45 @@ fn values_of_the_wrong_size_are_corrupt_not_a_panic() {
     assert!(matches!(store.partitions().unwrap_err(), StoreError::Corrupt { what: "offset key", .. }));
     store.db.put_cf(store.cf("ops"), keys::scoped(2, "op-1"), b"\xff\xff").unwrap();
     assert!(matches!(store.load_op(2, "op-1").unwrap_err(), StoreError::Corrupt { what: "operation", .. }));
+}
+
+/// An operation's latest entries live in its value; only those before them
+/// take keys of the timeline family, and its removal takes both.
+#[test]
+fn the_latest_timeline_entries_live_in_the_operation_and_older_ones_move_out() {
+    use crate::core::{Disposition, Policy, SourcePos};
+    let dir = temp("store-inline");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let policy = Policy::default();
+    let timeline_keys =
+        |store: &Store| store.db.iterator_cf(store.cf("timeline"), rocksdb::IteratorMode::Start).count();
+    let n = timeline::INLINE_ENTRIES as u64 + 4;
+    // Written over two batches, the head carried from one to the next as
+    // the pipeline carries it (read back with the state).
+    for range in [0..3, 3..n] {
+        let (state, mut head) = store.load_op(0, "op-1").unwrap();
+        let ev = Event::deadline_reached("op-1", "ent-1", "sync", 5);
+        let state = state.unwrap_or_else(|| OperationState::new(&ev));
+        let mut batch = Batch::default();
+        for offset in range {
+            let a = timeline::Arrival::of(&ev, SourcePos { partition: 0, offset: offset as i64 }, &policy);
+            timeline::record(&mut batch, &mut head, a, Disposition::Applied, &[], true);
+        }
+        batch.put_op(0, "op-1".into(), Some(state), head);
+        store.commit(batch).unwrap();
+        if store.timeline_total(0, "op-1").unwrap() == 3 {
+            assert_eq!(timeline_keys(&store), 0, "a short timeline is all in the operation's value");
+        }
+    }
+    let t = store.timeline(0, "op-1").unwrap();
+    assert_eq!(t.total, n);
+    assert_eq!(t.entries.iter().map(|e| e.offset).collect::<Vec<_>>(), (0..n as i64).collect::<Vec<_>>());
+    assert_eq!(timeline_keys(&store), 4, "the four oldest moved out of the value");
+    let (_, head) = store.load_op(0, "op-1").unwrap();
+    assert_eq!((head.latest.len(), head.spilled_slots()), (timeline::INLINE_ENTRIES, 4));
+    // Out of retention: the state, the entries in it and those out of it.
+    let mut batch = Batch::default();
+    batch.put_op(0, "op-1".into(), None, head);
+    store.commit(batch).unwrap();
+    assert_eq!((store.timeline(0, "op-1").unwrap(), timeline_keys(&store)), (Timeline::default(), 0));
 }

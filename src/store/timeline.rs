@@ -10,11 +10,20 @@
 //!
 //! Recording it is on the hot path: the pipeline takes an [`Arrival`] of
 //! each event before the core consumes it and hands it back with the
-//! disposition and outputs ([`record`]); the entry goes into the batch
-//! written with the state. Cost per batch: one small put per record; how
-//! many entries an operation has received is kept beside its state (no
-//! read of its own).
+//! disposition and outputs ([`record`]).
+//!
+//! # Where the entries are kept
+//!
+//! An operation's latest [`INLINE_ENTRIES`] entries live in its own value,
+//! beside its state ([`Head`]): the operation is written once per batch
+//! anyway, so an operation of a handful of events costs no key, no store
+//! write and no changelog record of its own for its timeline. When more
+//! arrive, the oldest inline entry moves out to the timeline column family,
+//! to ring slot `ordinal mod TIMELINE_CAP`: a producer looping on one
+//! operation then writes one small entry per event there, and its
+//! operation's value stays bounded. Reading merges the two, oldest first.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +37,55 @@ use crate::core::{Action, AnomalyKind, Disposition, Outcome, Output, Policy, Sta
 /// events; the cap only bites for a producer looping on one operation, and
 /// then the latest entries are the ones an investigation needs.
 pub const TIMELINE_CAP: u64 = 256;
+
+/// Entries kept in the operation's value: every entry of a typical
+/// operation (the default loadgen workload's have at most 8), and at most
+/// a couple of KB rewritten with each write of the operation.
+pub const INLINE_ENTRIES: usize = 8;
+
+/// An operation's timeline as its value holds it: how many entries it has
+/// received in all, and its latest ones (at most [`INLINE_ENTRIES`]),
+/// serialized as [`TimelineEntry`] values, oldest first. The entries
+/// before them, up to [`TIMELINE_CAP`] in all, are in the timeline family.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Head {
+    /// Entries received in all, retained or overwritten.
+    pub total: u64,
+    /// The latest entries, oldest first.
+    pub latest: VecDeque<Vec<u8>>,
+}
+
+impl Head {
+    /// A head of `total` entries whose latest are all out of the value
+    /// (tests, and operations written without their entries).
+    pub fn of_total(total: u64) -> Head {
+        Head { total, latest: VecDeque::new() }
+    }
+
+    /// The ordinal of the oldest inline entry: entries before it are in
+    /// the timeline family.
+    pub(crate) fn first_inline(&self) -> u64 {
+        self.total - self.latest.len() as u64
+    }
+
+    /// The ring slots of the timeline family this operation has used (its
+    /// changelog tombstones when it goes).
+    pub(crate) fn spilled_slots(&self) -> u32 {
+        self.first_inline().min(TIMELINE_CAP) as u32
+    }
+
+    /// Appends an entry (of ordinal `total`); returns the oldest inline
+    /// entry with its ordinal when the value holds too many.
+    fn push(&mut self, value: Vec<u8>) -> Option<(u64, Vec<u8>)> {
+        self.latest.push_back(value);
+        self.total += 1;
+        if self.latest.len() <= INLINE_ENTRIES {
+            return None;
+        }
+        let ordinal = self.first_inline();
+        self.latest.pop_front().map(|v| (ordinal, v))
+    }
+}
 
 /// An anomaly raised while a record was processed (it may name another
 /// event, e.g. a held one given up by SEQ_GAP).
@@ -304,14 +362,15 @@ fn write_summary(out: &mut Vec<u8>, body: &Body) {
     written.expect("writing to a vector");
 }
 
-/// Records in `batch` what became of arrival `a`: its disposition and the
-/// outputs its processing produced. `total` is how many entries the
-/// operation has received so far (stored with its state); it is advanced.
-/// `exists` is whether the operation still exists afterwards (a timer for a
-/// removed operation leaves no trace that nothing would delete).
+/// Records what became of arrival `a` (its disposition and the outputs its
+/// processing produced) in the operation's timeline `head`, which is
+/// stored with its state; an entry the head no longer holds goes to
+/// `batch`. `exists` is whether the operation still exists afterwards (a
+/// timer for a removed operation leaves no trace that nothing would
+/// delete).
 pub fn record(
     batch: &mut Batch,
-    total: &mut u64,
+    head: &mut Head,
     a: Arrival,
     disposition: Disposition,
     outputs: &[Output],
@@ -340,9 +399,10 @@ pub fn record(
     let decided = Decided { disposition, summary, anomalies, verdicts, manual: &a.manual };
     // The entry: its ordinal, then the fields taken on arrival, then these.
     let mut value = Vec::with_capacity(a.buf.len() + 64);
-    serialize_into(&mut value, total);
+    serialize_into(&mut value, &head.total);
     value.extend_from_slice(&a.buf[a.id_end..a.fields_end]);
     serialize_into(&mut value, &decided);
-    batch.add_timeline_value(a.partition, a.operation_id(), *total, value);
-    *total += 1;
+    if let Some((ordinal, out)) = head.push(value) {
+        batch.add_timeline_value(a.partition, a.operation_id(), ordinal, out);
+    }
 }

@@ -2,7 +2,8 @@
 //! records a fault-injected workload's batches make (timers fired until
 //! retention has removed operations, so tombstones are in it too) restore
 //! into an empty store, or over a stale one, exactly the state the batches
-//! wrote; and so does what compaction leaves of them.
+//! wrote (the timer index too, which the changelog does not carry); and so
+//! do what compaction leaves of them and a standby's batch-by-batch writes.
 
 use std::collections::BTreeMap;
 
@@ -43,6 +44,12 @@ fn state(store: &Store) -> Vec<(String, Vec<u8>, Vec<u8>)> {
 /// `DeadlineReached` events through the same batch step) until none is
 /// left, retention's included. Returns the changelog records in order.
 fn workload(store: &Store, cfg: &Config) -> Vec<OutboxRecord> {
+    workload_until(store, cfg, usize::MAX)
+}
+
+/// [`workload`], with the timers fired `rounds` times at most (0: none, so
+/// that the state ends with its timers pending).
+fn workload_until(store: &Store, cfg: &Config, rounds: usize) -> Vec<OutboxRecord> {
     let (policy, codec) = (cfg.policy(), Codec::new());
     // Timers and decisions signed as the reconciler signs them.
     let keys = ControlKeys::new([b"offline-changelog-test-key".to_vec()]);
@@ -60,6 +67,9 @@ fn workload(store: &Store, cfg: &Config) -> Vec<OutboxRecord> {
             let applied = applier.apply(chunk, &mut next, &BTreeMap::new(), &mut stats).unwrap();
             store.write_encoded(&applied.batch).unwrap();
             log.extend(applied.batch.into_outbox().into_iter().filter(|r| r.topic == cfg.topics.changelog));
+        }
+        if round == rounds {
+            break;
         }
         // The timer wheel, with a clock past every deadline: each due timer
         // becomes an event in its operation's partition.
@@ -103,6 +113,22 @@ fn restore(store: &Store, log: &[OutboxRecord]) -> BTreeMap<i32, Option<i64>> {
     restored
 }
 
+/// Applies every partition of `log` to `store` as a standby replica does:
+/// a batch at a time, each up to and including its offsets record.
+fn apply_as_standby(store: &Store, log: &[OutboxRecord]) {
+    for p in 0..PARTITIONS {
+        let mut held = Vec::new();
+        for r in of_partition(log, p) {
+            held.push((r.key.clone().unwrap(), r.value.clone()));
+            if is_offsets(&r) {
+                store.apply_changelog(p, &held).unwrap();
+                held.clear();
+            }
+        }
+        assert!(held.is_empty(), "every batch ends with its offsets record");
+    }
+}
+
 /// Whether `r` is an offsets record.
 fn is_offsets(r: &OutboxRecord) -> bool {
     r.key.as_deref().unwrap()[1] == b'n'
@@ -124,6 +150,13 @@ fn a_changelog_restores_the_state_its_batches_wrote_also_compacted_and_over_stal
     let (b, _db) = open("empty");
     assert_eq!(restore(&b, &log), offsets);
     assert!(state(&b) == want, "the restored state differs from the state the batches wrote");
+
+    // As a standby replica applies it: a batch at a time, each write
+    // moving its operation's timer from the one already in the store (the
+    // changelog has no timers).
+    let (s, _ds) = open("standby");
+    apply_as_standby(&s, &log);
+    assert!(state(&s) == want, "the state a standby applied differs from the state the batches wrote");
 
     // What compaction leaves (the latest record per key, tombstones gone
     // after delete.retention.ms), over a store holding stale state of
@@ -152,6 +185,30 @@ fn a_changelog_restores_the_state_its_batches_wrote_also_compacted_and_over_stal
     d.commit(own).unwrap();
     assert_eq!(d.restoring(1).finish().unwrap(), Restored { next: None, tail: None });
     assert_eq!(d.next_offset(1).unwrap(), Some(7));
+}
+
+/// The changelog carries no timers: whoever applies it rebuilds the timer
+/// index from the operations, each write moving its operation's timer. A
+/// state with its timers pending (none fired) and one after a round of
+/// them (timers moved, some operations closed) restore with the index the
+/// batches wrote, by a restore and by a standby's writes.
+#[test]
+fn the_timer_index_is_rebuilt_from_the_operations_of_the_changelog() {
+    for (rounds, pending) in [(0, 500), (1, 20)] {
+        let cfg = Config::default();
+        let (a, _da) = open(&format!("timers-source-{rounds}"));
+        let log = workload_until(&a, &cfg, rounds);
+        assert!(log.iter().all(|r| r.key.as_deref().unwrap()[1] != b't'), "no timer record in the changelog");
+        let want = state(&a);
+        let timers = want.iter().filter(|(f, _, _)| f == "timers").count();
+        assert!(timers > pending, "the state holds pending timers: {timers}");
+        let (b, _db) = open(&format!("timers-restored-{rounds}"));
+        restore(&b, &log);
+        assert!(state(&b) == want, "the restored timer index differs (after {rounds} rounds)");
+        let (s, _ds) = open(&format!("timers-standby-{rounds}"));
+        apply_as_standby(&s, &log);
+        assert!(state(&s) == want, "the standby's timer index differs (after {rounds} rounds)");
+    }
 }
 
 /// An owner that stopped while publishing a batch's changelog left its
