@@ -78,7 +78,7 @@ pub(super) struct StoredOpRef<'a> {
 }
 
 /// The latest timeline entries as written: each as one byte string.
-pub(super) struct LatestRef<'a>(&'a VecDeque<Vec<u8>>);
+pub(super) struct LatestRef<'a>(pub &'a VecDeque<Vec<u8>>);
 
 impl Serialize for LatestRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -115,10 +115,11 @@ pub(super) struct StoredOpWithTimeline {
 }
 
 impl StoredOpWithTimeline {
-    /// The state and the timeline's head.
-    pub(super) fn split(self) -> (OperationState, super::timeline::Head) {
+    /// The state and the timeline's head; `None` for a head that could not
+    /// have been written (see [`super::timeline::Head::checked`]).
+    pub(super) fn split(self) -> Option<(OperationState, super::timeline::Head)> {
         let latest = self.latest.into_iter().map(serde_bytes::ByteBuf::into_vec).collect();
-        (self.state, super::timeline::Head { total: self.timeline_total, latest })
+        Some((self.state, super::timeline::Head::checked(self.timeline_total, latest)?))
     }
 }
 
@@ -140,7 +141,7 @@ pub struct OpSummary {
 }
 
 impl OpSummaryRef<'_> {
-    fn of(op: &OperationState) -> OpSummaryRef<'_> {
+    pub(super) fn of(op: &OperationState) -> OpSummaryRef<'_> {
         OpSummaryRef {
             operation_type: &op.operation_type,
             status: op.status,
@@ -264,7 +265,13 @@ impl Batch {
     /// the outputs in the outbox.
     pub fn encode(self, changelog: Option<super::changelog::Target<'_>>) -> Encoded {
         let mut part = Part {
-            bytes: Vec::with_capacity(256 * self.timeline.len() + 4096),
+            // About an entry's size for every entry, in or out of its
+            // operation's value, and half a KB per operation's state.
+            bytes: Vec::with_capacity(
+                256 * self.timeline.len()
+                    + self.ops.iter().map(|op| 512 + op.3.latest.iter().map(Vec::len).sum::<usize>()).sum::<usize>()
+                    + 4096,
+            ),
             writes: Vec::new(),
             changelog_from: self.outbox.len(),
             outbox: self.outbox,

@@ -55,6 +55,8 @@ pub struct Restoring<'a> {
     /// The writes read since then: `(family, store key)`.
     tail: Vec<(Family, Vec<u8>)>,
     timers: TimerMoves,
+    /// Bytes staged before they are written ([`RESTORE_CHUNK_BYTES`]).
+    chunk_bytes: usize,
 }
 
 /// The timer keys of the operations staged in a write batch not yet
@@ -162,7 +164,14 @@ impl<'a> Restoring<'a> {
             complete_to: None,
             tail: Vec::new(),
             timers: TimerMoves::default(),
+            chunk_bytes: RESTORE_CHUNK_BYTES,
         }
+    }
+
+    /// Writes every `bytes` of staged records (tests: chunk boundaries).
+    #[cfg(test)]
+    pub(crate) fn in_chunks_of(self, bytes: usize) -> Restoring<'a> {
+        Restoring { chunk_bytes: bytes, ..self }
     }
 
     /// Applies the changelog record at position `at` of the partition
@@ -183,7 +192,7 @@ impl<'a> Restoring<'a> {
             }
             Change::Write { family, key, .. } => self.tail.push((family, key.to_vec())),
         }
-        if self.wb.size_in_bytes() >= RESTORE_CHUNK_BYTES {
+        if self.wb.size_in_bytes() >= self.chunk_bytes {
             self.store.write(std::mem::take(&mut self.wb))?;
             self.timers.written();
         }

@@ -146,6 +146,14 @@ fn short<T>(what: &'static str, part: Option<T>, bytes: &[u8]) -> Result<T, Stor
     part.ok_or_else(|| StoreError::Corrupt { what, reason: format!("{} bytes is too short", bytes.len()) })
 }
 
+/// A stored operation value: its state and its timeline's head.
+fn op_with_head(bytes: &[u8]) -> Result<(OperationState, Head), StoreError> {
+    decode::<StoredOpWithTimeline>("operation", bytes)?.split().ok_or_else(|| StoreError::Corrupt {
+        what: "operation",
+        reason: "its timeline holds more entries in the value than it may".into(),
+    })
+}
+
 /// Decodes a `T` from the start of `bytes`, ignoring the rest.
 fn decode_prefix<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
     postcard::take_from_bytes(bytes).map(|(v, _)| v).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() })
@@ -335,15 +343,10 @@ impl Store {
     /// An operation's state with its timeline's head (empty when there is
     /// no such operation).
     pub fn load_op(&self, partition: i32, operation_id: &str) -> Result<(Option<OperationState>, Head), StoreError> {
-        let stored = self
-            .db
-            .get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))?
-            .map(|b| decode::<StoredOpWithTimeline>("operation", &b))
-            .transpose()?;
-        Ok(stored.map_or((None, Head::default()), |s| {
-            let (state, head) = s.split();
-            (Some(state), head)
-        }))
+        match self.db.get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))? {
+            Some(b) => op_with_head(&b).map(|(state, head)| (Some(state), head)),
+            None => Ok((None, Head::default())),
+        }
     }
 
     /// An entity's facts in `partition` (empty when it has none).
@@ -498,13 +501,20 @@ impl Store {
     /// of its value (the ring slots of those still retained), then those in
     /// it.
     pub fn timeline(&self, partition: i32, operation_id: &str) -> Result<Timeline, StoreError> {
-        let head = self.load_op(partition, operation_id)?.1;
+        // One snapshot for both reads: a batch written in between (the API
+        // reads while the pipeline writes) could move entries out of the
+        // value into ring slots read before it.
+        let snapshot = self.db.snapshot();
+        let head = match snapshot.get_cf(self.cf(OPS), keys::scoped(partition, operation_id))? {
+            Some(b) => op_with_head(&b)?.1,
+            None => Head::default(),
+        };
         let retained = head.total.saturating_sub(TIMELINE_CAP)..head.first_inline();
         let mut entries: Vec<TimelineEntry> = Vec::new();
         if !retained.is_empty() {
             let start = keys::timeline_entry(partition, operation_id, 0);
             let end = keys::timeline_end(partition, operation_id);
-            for item in self.db.iterator_cf(self.cf(TIMELINE), IteratorMode::From(&start, Direction::Forward)) {
+            for item in snapshot.iterator_cf(self.cf(TIMELINE), IteratorMode::From(&start, Direction::Forward)) {
                 let (k, v) = item?;
                 if k.as_ref() >= end.as_slice() {
                     break;

@@ -195,6 +195,20 @@ fn values_of_the_wrong_size_are_corrupt_not_a_panic() {
     assert!(matches!(store.partitions().unwrap_err(), StoreError::Corrupt { what: "offset key", .. }));
     store.db.put_cf(store.cf("ops"), keys::scoped(2, "op-1"), b"\xff\xff").unwrap();
     assert!(matches!(store.load_op(2, "op-1").unwrap_err(), StoreError::Corrupt { what: "operation", .. }));
+    // A head with more inline entries than entries: refused, not read as
+    // a timeline of a few billion ordinals.
+    let state = OperationState::new(&Event::deadline_reached("op-1", "ent-1", "sync", 5));
+    let latest = std::collections::VecDeque::from(vec![vec![0u8]; 2]);
+    let stored = encoded::StoredOpRef {
+        timeline_total: 1,
+        summary: encoded::OpSummaryRef::of(&state),
+        state: &state,
+        latest: encoded::LatestRef(&latest),
+    };
+    store.db.put_cf(store.cf("ops"), keys::scoped(2, "op-1"), postcard::to_allocvec(&stored).unwrap()).unwrap();
+    for err in [store.load_op(2, "op-1").unwrap_err(), store.timeline(2, "op-1").unwrap_err()] {
+        assert!(err.to_string().contains("more entries in the value"), "{err}");
+    }
 }
 
 /// An operation's latest entries live in its value; only those before them
@@ -236,4 +250,78 @@ fn the_latest_timeline_entries_live_in_the_operation_and_older_ones_move_out() {
     batch.put_op(0, "op-1".into(), None, head);
     store.commit(batch).unwrap();
     assert_eq!((store.timeline(0, "op-1").unwrap(), timeline_keys(&store)), (Timeline::default(), 0));
+    // An entry larger than the value may hold moves out at once, and the
+    // value keeps the smaller ones after it.
+    let mut big = Event::deadline_reached("op-2", "ent-1", "sync", 5);
+    big.producer = "p".repeat(timeline::INLINE_BYTES + 1);
+    let small = Event::deadline_reached("op-2", "ent-1", "sync", 6);
+    let (mut head, mut batch) = (TimelineHead::default(), Batch::default());
+    for (offset, ev) in [&big, &small].into_iter().enumerate() {
+        let a = timeline::Arrival::of(ev, SourcePos { partition: 0, offset: offset as i64 }, &policy);
+        timeline::record(&mut batch, &mut head, a, Disposition::Applied, &[], true);
+    }
+    assert_eq!((head.total, head.latest.len(), batch.timeline.len()), (2, 1, 1));
+}
+
+/// The changelog has no timers: a restore moves each operation's timer as
+/// it applies the operation's records, also when the operation's writes
+/// fall on both sides of a chunk written in between (its earlier timer is
+/// then read back from the store, not from the chunk).
+#[test]
+fn a_restore_rebuilds_the_timer_index_across_its_chunks() {
+    let dir = temp("store-restore-timers");
+    let source = Store::open(&dir.0, "t.events", false).unwrap();
+    let target = changelog::Target { topic: "s", input: "t.events" };
+    let ev = |op: &str| Event::deadline_reached(op, "ent-1", "sync", 5);
+    let with_timer = |op: &str, at: Option<i64>| {
+        let mut s = OperationState::new(&ev(op));
+        s.timer_at = at;
+        s
+    };
+    // op-1: a timer at 10, moved to 20, then gone with the operation; op-2:
+    // a timer at 30 that stays; op-3: no timer.
+    // (operation, timer before, timer after, exists after)
+    type Step<'a> = &'a [(&'a str, Option<i64>, Option<i64>, bool)];
+    let steps: [Step; 3] = [
+        &[("op-1", None, Some(10), true), ("op-3", None, None, true)],
+        &[("op-1", Some(10), Some(20), true), ("op-2", None, Some(30), true)],
+        &[("op-1", Some(20), None, false)],
+    ];
+    let mut log = Vec::new();
+    for (n, step) in steps.iter().enumerate() {
+        let mut batch = Batch::default();
+        for (op, from, to, exists) in *step {
+            let state = exists.then(|| with_timer(op, *to));
+            batch.move_timer(0, op, *from, state.as_ref());
+            batch.put_op(0, (*op).into(), state, TimelineHead::default());
+        }
+        batch.set_offset(0, n as i64 + 1);
+        let encoded = batch.encode(Some(target));
+        source.write_encoded(&encoded).unwrap();
+        log.extend(encoded.into_outbox().into_iter().filter(|r| r.topic == "s"));
+    }
+    assert!(log.iter().all(|r| r.key.as_ref().unwrap()[1] != b't'), "no timer in the changelog");
+    let timers = |store: &Store| {
+        let mut out = Vec::new();
+        store
+            .scan_partitions_state(|f, k, v| {
+                if f == "timers" {
+                    out.push((k.to_vec(), v.to_vec()));
+                }
+            })
+            .unwrap();
+        out
+    };
+    let want = timers(&source);
+    assert_eq!(want.len(), 1, "op-2's timer only");
+    for chunk in [1, usize::MAX] {
+        let dir = temp(&format!("store-restore-timers-{chunk}"));
+        let store = Store::open(&dir.0, "t.events", false).unwrap();
+        let mut into = store.restoring(0).in_chunks_of(chunk);
+        for (at, r) in log.iter().enumerate() {
+            into.apply(at as i64, r.key.as_deref().unwrap(), r.value.as_deref()).unwrap();
+        }
+        assert_eq!(into.finish().unwrap().next, Some(3));
+        assert_eq!(timers(&store), want, "chunks of {chunk} bytes");
+    }
 }

@@ -39,13 +39,20 @@ use crate::core::{Action, AnomalyKind, Disposition, Outcome, Output, Policy, Sta
 pub const TIMELINE_CAP: u64 = 256;
 
 /// Entries kept in the operation's value: every entry of a typical
-/// operation (the default loadgen workload's have at most 8), and at most
-/// a couple of KB rewritten with each write of the operation.
+/// operation (the default loadgen workload's have at most 8). Changing it
+/// changes what a stored value may hold: a store format change.
 pub const INLINE_ENTRIES: usize = 8;
 
+/// Bytes of entries kept in the operation's value, at most: an entry
+/// carries strings of the input of unchecked length (ids, names, a redacted
+/// note), and the operation's value is one changelog record, which must stay
+/// far below a producer's message size limit. Larger entries move out at
+/// once, as an entry of a long timeline does.
+pub const INLINE_BYTES: usize = 16 << 10;
+
 /// An operation's timeline as its value holds it: how many entries it has
-/// received in all, and its latest ones (at most [`INLINE_ENTRIES`]),
-/// serialized as [`TimelineEntry`] values, oldest first. The entries
+/// received in all, and its latest ones (at most [`INLINE_ENTRIES`] and
+/// [`INLINE_BYTES`]), serialized as [`TimelineEntry`] values, oldest first. The entries
 /// before them, up to [`TIMELINE_CAP`] in all, are in the timeline family.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Head {
@@ -74,16 +81,27 @@ impl Head {
         self.first_inline().min(TIMELINE_CAP) as u32
     }
 
-    /// Appends an entry (of ordinal `total`); returns the oldest inline
-    /// entry with its ordinal when the value holds too many.
-    fn push(&mut self, value: Vec<u8>) -> Option<(u64, Vec<u8>)> {
+    /// A head as read back, unless it could not have been written (a
+    /// damaged store): more inline entries than entries, or than the value
+    /// may hold.
+    pub(crate) fn checked(total: u64, latest: VecDeque<Vec<u8>>) -> Option<Head> {
+        (latest.len() as u64 <= total && latest.len() <= INLINE_ENTRIES).then_some(Head { total, latest })
+    }
+
+    /// Appends an entry (of ordinal `total`); then the oldest inline
+    /// entries, with their ordinals, that the value can no longer hold.
+    fn push(&mut self, value: Vec<u8>) -> Vec<(u64, Vec<u8>)> {
         self.latest.push_back(value);
         self.total += 1;
-        if self.latest.len() <= INLINE_ENTRIES {
-            return None;
+        let mut out = Vec::new();
+        let mut bytes: usize = self.latest.iter().map(Vec::len).sum();
+        while self.latest.len() > INLINE_ENTRIES || bytes > INLINE_BYTES {
+            let ordinal = self.first_inline();
+            let Some(v) = self.latest.pop_front() else { break };
+            bytes -= v.len();
+            out.push((ordinal, v));
         }
-        let ordinal = self.first_inline();
-        self.latest.pop_front().map(|v| (ordinal, v))
+        out
     }
 }
 
@@ -402,7 +420,7 @@ pub fn record(
     serialize_into(&mut value, &head.total);
     value.extend_from_slice(&a.buf[a.id_end..a.fields_end]);
     serialize_into(&mut value, &decided);
-    if let Some((ordinal, out)) = head.push(value) {
+    for (ordinal, out) in head.push(value) {
         batch.add_timeline_value(a.partition, a.operation_id(), ordinal, out);
     }
 }
