@@ -100,17 +100,16 @@ pub(super) struct OpSummaryRef<'a> {
 /// as a prefix).
 #[derive(Deserialize)]
 pub(super) struct StoredOp {
-    pub _timeline_total: u64,
+    pub timeline_total: u64,
     pub _summary: OpSummary,
     pub state: OperationState,
 }
 
-/// [`StoredOpRef`] as read back whole.
+/// [`StoredOpRef`] as read back whole: postcard writes a struct as its
+/// fields back to back, so the prefix is a [`StoredOp`].
 #[derive(Deserialize)]
 pub(super) struct StoredOpWithTimeline {
-    pub timeline_total: u64,
-    pub _summary: OpSummary,
-    pub state: OperationState,
+    pub op: StoredOp,
     pub latest: Vec<serde_bytes::ByteBuf>,
 }
 
@@ -119,7 +118,7 @@ impl StoredOpWithTimeline {
     /// have been written (see [`super::timeline::Head::checked`]).
     pub(super) fn split(self) -> Option<(OperationState, super::timeline::Head)> {
         let latest = self.latest.into_iter().map(serde_bytes::ByteBuf::into_vec).collect();
-        Some((self.state, super::timeline::Head::checked(self.timeline_total, latest)?))
+        Some((self.op.state, super::timeline::Head::checked(self.op.timeline_total, latest)?))
     }
 }
 

@@ -156,7 +156,12 @@ fn op_with_head(bytes: &[u8]) -> Result<(OperationState, Head), StoreError> {
 
 /// Decodes a `T` from the start of `bytes`, ignoring the rest.
 fn decode_prefix<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
-    postcard::take_from_bytes(bytes).map(|(v, _)| v).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() })
+    decode_with_rest(what, bytes).map(|(v, _)| v)
+}
+
+/// Decodes a `T` from the start of `bytes`; the bytes after it.
+fn decode_with_rest<'b, T: DeserializeOwned>(what: &'static str, bytes: &'b [u8]) -> Result<(T, &'b [u8]), StoreError> {
+    postcard::take_from_bytes(bytes).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() })
 }
 
 impl Store {
@@ -542,9 +547,7 @@ impl Store {
                 let (k, v) = item?;
                 let state = match family {
                     OPS => {
-                        let rest = postcard::take_from_bytes::<StoredOp>(&v)
-                            .map_err(|e| StoreError::Corrupt { what: "operation", reason: e.to_string() })?
-                            .1;
+                        let (_, rest) = decode_with_rest::<StoredOp>("operation", &v)?;
                         &v[..v.len() - rest.len()]
                     }
                     _ => &v[..],

@@ -18,10 +18,11 @@
 //! beside its state ([`Head`]): the operation is written once per batch
 //! anyway, so an operation of a handful of events costs no key, no store
 //! write and no changelog record of its own for its timeline. When more
-//! arrive, the oldest inline entry moves out to the timeline column family,
-//! to ring slot `ordinal mod TIMELINE_CAP`: a producer looping on one
-//! operation then writes one small entry per event there, and its
-//! operation's value stays bounded. Reading merges the two, oldest first.
+//! arrive (or more than [`INLINE_BYTES`] of them), the oldest inline entry
+//! moves out to the timeline column family, to ring slot
+//! `ordinal mod TIMELINE_CAP`: a producer looping on one operation then
+//! writes one small entry per event there, and its operation's value stays
+//! bounded. Reading merges the two, oldest first.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -52,8 +53,9 @@ pub const INLINE_BYTES: usize = 16 << 10;
 
 /// An operation's timeline as its value holds it: how many entries it has
 /// received in all, and its latest ones (at most [`INLINE_ENTRIES`] and
-/// [`INLINE_BYTES`]), serialized as [`TimelineEntry`] values, oldest first. The entries
-/// before them, up to [`TIMELINE_CAP`] in all, are in the timeline family.
+/// [`INLINE_BYTES`]), serialized as [`TimelineEntry`] values, oldest
+/// first. The entries before them, up to [`TIMELINE_CAP`] in all, are in
+/// the timeline family.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Head {
     /// Entries received in all, retained or overwritten.
