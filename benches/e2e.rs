@@ -23,6 +23,8 @@
 //! `scripts/bench-e2e.sh noida`). E2E_CHANGELOG=false: no state changelog
 //! (what the changelog costs). E2E_KAFKA="key=value,...": more `[kafka]`
 //! settings for every instance of the run (experiments).
+//! E2E_LATENCY_RATE=<records/s>: the latency step's rate (default half the
+//! pipeline's measured rate; fixed, binaries compare at one rate).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -383,7 +385,7 @@ fn main() {
 
     // 4. Latency at half the measured rate.
     let latencies = (latency_secs > 0)
-        .then(|| latency(&brokers, partitions, &format!("{run_id}-lat"), pipeline.busy_rate() / 2.0, latency_secs));
+        .then(|| latency(&brokers, partitions, &format!("{run_id}-lat"), latency_rate(&pipeline), latency_secs));
     print_targets(&pipeline, &base, latencies);
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&run_id));
 }
@@ -407,6 +409,12 @@ fn print_targets(pipeline: &Measured, base: &Measured, latencies: Option<(i64, i
         row("event->verdict p50 at half rate, ms", "<= 20", p50.to_string(), (0..=20).contains(&p50));
         row("event->verdict p99 at half rate, ms", "<= 100", p99.to_string(), (0..=100).contains(&p99));
     }
+}
+
+/// The latency step's rate: half the pipeline's measured rate, or
+/// E2E_LATENCY_RATE records/s (to compare binaries at one rate).
+fn latency_rate(pipeline: &Measured) -> f64 {
+    std::env::var("E2E_LATENCY_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(pipeline.busy_rate() / 2.0)
 }
 
 /// How long after the latency step's start its first record is due.

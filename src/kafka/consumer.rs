@@ -67,9 +67,9 @@ impl Ownership {
 pub type StartOffsets = Box<dyn Fn(i32, Option<i64>) -> Result<Option<i64>, String> + Send + Sync>;
 
 /// Run in the revoke callback before the partitions are released. It
-/// finishes the batch whose outputs are in flight (waits for their
-/// acknowledgements) and returns the next offsets to commit for it, or
-/// `None` when there is nothing acknowledged to commit.
+/// finishes the batches in flight (waits for their acknowledgements) and
+/// returns the next offsets to commit for them, or `None` when there is
+/// nothing acknowledged to commit.
 pub type RevokeHook = Box<dyn FnMut() -> Option<BTreeMap<i32, i64>> + Send>;
 
 /// Seeks assigned partitions to the offsets the pipeline keeps.

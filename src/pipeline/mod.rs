@@ -1,13 +1,15 @@
 //! The run loop: consume a batch → decode → core (in lanes of whole
 //! partitions, on `[consumer] apply_threads` threads) → one atomic store
 //! write per lane (state, timers, offsets, outbox) → send the outbox →
-//! consume and apply the next batch while the broker acknowledges → forget
-//! the acknowledged outbox. At most one batch is in flight, and its outputs
-//! are acknowledged before the next batch's are sent, so outputs keep the
-//! input order.
+//! consume and apply the next batch while the broker acknowledges → send
+//! the changelog → forget the acknowledged outbox. A batch's outputs are
+//! acknowledged before the next batch's are sent, so outputs keep the input
+//! order.
 //!
 //! The pipeline decides; the Kafka adapter reports facts. Where it is:
 //! - [`apply`]: a batch's own work (decode, core, timeline, metrics), no Kafka;
+//! - [`in_flight`]: a stored batch's outputs, changelog and offsets, on their
+//!   way out while the next batches are applied;
 //! - [`restore`]: what a moved partition restores silently, and the zombie fence;
 //! - `timers.rs`: the timer wheel, turning due deadlines into
 //!   `DeadlineReached` events in the log;
@@ -19,6 +21,7 @@
 mod apply;
 mod exactly_once;
 pub mod faults;
+mod in_flight;
 pub mod restore;
 pub mod sampler;
 mod timers;
@@ -37,7 +40,7 @@ use crate::codec::{Codec, EncodeError};
 use crate::config::{Config, Guarantee};
 use crate::core::Policy;
 use crate::kafka::consumer::GroupConsumer;
-use crate::kafka::producer::{Publisher, Ticket};
+use crate::kafka::producer::Publisher;
 use crate::kafka::transaction::{Transactions, TxnError};
 use crate::kafka::watermarks::Watermarks;
 use crate::kafka::{admin, KafkaError};
@@ -190,47 +193,10 @@ pub struct Pipeline {
     /// What the pipeline did so far.
     pub stats: Stats,
     metrics: Arc<Metrics>,
-    /// The last batch: stored, its outputs sent but not yet acknowledged.
-    /// Shared with the consumer's revoke callback, which finishes it
+    /// The stored batches not yet acknowledged (see [`in_flight`]).
+    /// Shared with the consumer's revoke callback, which finishes them
     /// before partitions are released.
-    in_flight: Arc<Mutex<Option<InFlight>>>,
-}
-
-/// Whether the outputs sent as `sent` are all acknowledged (waiting for
-/// them if need be).
-fn acknowledged(publisher: &Publisher, sent: Sent) -> bool {
-    match sent {
-        Sent::Nothing => true,
-        Sent::Ticket(t) => match publisher.wait(t) {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(error = %e, "Outputs not acknowledged; publishing them again");
-                false
-            }
-        },
-        Sent::Failed => false,
-    }
-}
-
-/// A batch whose outputs were sent while the next batch is applied.
-struct InFlight {
-    sent: Sent,
-    outbox: Vec<OutboxRecord>,
-    /// Its changelog records: published once `outbox` is acknowledged.
-    changelog: Vec<OutboxRecord>,
-    /// Its outbox entries in the store.
-    seqs: std::ops::Range<u64>,
-    /// Its partitions and their next offsets.
-    touched: BTreeMap<i32, i64>,
-}
-
-/// How a batch's outputs went out.
-enum Sent {
-    /// No outputs, or outputs discarded (replay).
-    Nothing,
-    Ticket(Ticket),
-    /// Sending failed: publish again before anything else.
-    Failed,
+    in_flight: Arc<Mutex<in_flight::InFlight>>,
 }
 
 impl Pipeline {
@@ -344,7 +310,7 @@ impl Pipeline {
             watermarks,
             discard_outputs: replay == Some(true),
             stats: Stats::default(),
-            in_flight: Arc::new(Mutex::new(None)),
+            in_flight: Arc::default(),
         })
     }
 
@@ -583,21 +549,10 @@ impl Pipeline {
         self.stored(&touched, deadlines);
         // The previous batch's outputs were being acknowledged while this
         // one was applied; they go first, so outputs keep the input order.
-        self.finish_in_flight(shutdown)?;
+        self.advance_in_flight(shutdown)?;
         let acked = started.elapsed();
         let (outbox, changelog) = self.split_changelog(batch.into_outbox());
-        self.metrics.restore.set_changelog_pending(changelog.len());
-        let sent = if self.discard_outputs || outbox.is_empty() {
-            Sent::Nothing
-        } else {
-            match self.publisher.send_all(outbox.iter().map(|r| (r, None))) {
-                Ok((ticket, _)) => Sent::Ticket(ticket),
-                Err(e) => {
-                    warn!(error = %e, "Sending outputs failed; retrying after the next batch is stored");
-                    Sent::Failed
-                }
-            }
-        };
+        let sent = if self.discard_outputs { in_flight::Sent::Nothing } else { self.send_outputs(&outbox) };
         self.stats.batches += 1;
         self.metrics.batch(records.len(), started.elapsed());
         debug!(
@@ -610,7 +565,7 @@ impl Pipeline {
             next_offsets = ?touched,
             "Batch committed"
         );
-        *self.in_flight.lock().expect("not poisoned") = Some(InFlight { sent, outbox, changelog, seqs, touched });
+        self.put_in_flight(in_flight::Batch { sent, outbox, changelog, seqs, touched });
         Ok(())
     }
 
@@ -636,61 +591,6 @@ impl Pipeline {
         self.timers.consumed(deadlines);
     }
 
-    /// Waits until the outputs of the batch in flight are acknowledged
-    /// (publishing them again until they are), then forgets them in the
-    /// outbox and commits the group offsets past the batch (so a new owner
-    /// of its partitions restores it silently rather than publishing again).
-    fn finish_in_flight(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        let Some(f) = self.in_flight.lock().expect("not poisoned").take() else { return Ok(()) };
-        if !acknowledged(&self.publisher, f.sent) {
-            self.metrics.publish_retry();
-            self.publish_with_retry(f.outbox.iter().collect(), shutdown)?;
-        }
-        faults::point("pipeline::after_publish");
-        self.publish_changelog(f.changelog, shutdown)?;
-        self.store.ack_outbox(f.seqs)?;
-        self.consumer.commit_for_visibility(&f.touched);
-        Ok(())
-    }
-
-    /// Lets the consumer finish the batch in flight when partitions are
-    /// revoked, before they are released (see
-    /// [`crate::kafka::consumer::RevokeHook`]). What it cannot finish
-    /// (outputs not acknowledged) stays for the run loop, which publishes
-    /// it again.
-    fn install_revoke_hook(&self) {
-        let (in_flight, publisher, store) = (self.in_flight.clone(), self.publisher.clone(), self.store.clone());
-        let metrics = self.metrics.clone();
-        self.consumer.on_revoke(Box::new(move || {
-            let mut slot = in_flight.lock().expect("not poisoned");
-            let mut f = slot.take()?;
-            if !acknowledged(&publisher, f.sent) {
-                f.sent = Sent::Failed;
-                *slot = Some(f);
-                return None;
-            }
-            // Every partition is still owned here: the changelog goes out
-            // whole before the release, or the run loop sorts it out.
-            let routed = f.changelog.iter().map(|r| (r, changelog_partition(r)));
-            if let Err(e) = publisher.publish_all(routed) {
-                warn!(error = %e, "Publishing the changelog before releasing partitions failed; the run loop retries");
-                f.sent = Sent::Nothing;
-                *slot = Some(f);
-                return None;
-            }
-            metrics.restore.changelog_published(f.changelog.len());
-            metrics.restore.set_changelog_pending(0);
-            f.changelog.clear();
-            if let Err(e) = store.ack_outbox(f.seqs.clone()) {
-                warn!(error = %e, "Forgetting acknowledged outputs failed; the run loop retries");
-                f.sent = Sent::Nothing;
-                *slot = Some(f);
-                return None;
-            }
-            Some(f.touched)
-        }));
-    }
-
     /// The partition a record of the outbox goes to: a changelog record to
     /// its state's, every other by its key.
     fn route(&self, r: &OutboxRecord) -> Option<i32> {
@@ -703,41 +603,6 @@ impl Pipeline {
             Some(topic) => records.into_iter().partition(|r| r.topic != topic),
             None => (records, Vec::new()),
         }
-    }
-
-    /// Publishes a stored batch's changelog records (its outputs being
-    /// acknowledged), each to its partition, until acknowledged; those of
-    /// partitions no longer owned are not published, and their partitions'
-    /// local state is forgotten (see [`restore`]).
-    fn publish_changelog(&self, records: Vec<OutboxRecord>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let owned = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
-        let (mine, moved): (Vec<_>, Vec<_>) =
-            records.into_iter().partition(|r| changelog_partition(r).is_some_and(|p| owned.contains_key(&p)));
-        self.forget_partitions(&moved)?;
-        if faults::fires(faults::CHANGELOG_CRASH_POINTS[0]) {
-            // All but the offsets records (the last of each partition).
-            let cut = mine.iter().filter(|r| !changelog::is_offsets(r)).collect();
-            self.publish_with_retry(cut, shutdown)?;
-            faults::crash(faults::CHANGELOG_CRASH_POINTS[0]);
-        }
-        self.publish_with_retry(mine.iter().collect(), shutdown)?;
-        self.metrics.restore.changelog_published(mine.len());
-        self.metrics.restore.set_changelog_pending(0);
-        Ok(())
-    }
-
-    /// Forgets the local state of the partitions of changelog records that
-    /// will not be published.
-    fn forget_partitions(&self, records: &[OutboxRecord]) -> Result<(), PipelineError> {
-        let partitions: std::collections::BTreeSet<i32> = records.iter().filter_map(changelog_partition).collect();
-        for p in partitions {
-            warn!(partition = p, "Changelog records of the partition were not published; forgetting its local state (restored from the changelog when assigned again)");
-            self.store.forget_partition(p)?;
-        }
-        Ok(())
     }
 
     /// Publishes `DeadlineReached` for the due timers of owned, caught-up

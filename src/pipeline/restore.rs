@@ -14,7 +14,7 @@
 //! the partition. The pipeline commits a group offset only after the outputs
 //! of every record below it were acknowledged by the broker (see
 //! `Pipeline::finish_in_flight`; a member whose partitions are revoked
-//! finishes its batch in flight and commits before releasing them), so
+//! finishes its batches in flight and commits before releasing them), so
 //! everything below the committed offset has
 //! already been published by some owner. The new owner therefore applies the
 //! records from its local offset up to the committed offset to its state

@@ -5,9 +5,15 @@
 
 use crate::common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use common::check;
 use common::run::Run;
+use reconciler::clock::system_clock;
+use reconciler::demo;
+use reconciler::pipeline::Pipeline;
 
 /// Instance A processes the first half of the workload and its machine is
 /// replaced: its state directory is gone. Instance B, with an empty
@@ -90,4 +96,51 @@ fn a_batch_whose_changelog_was_cut_short_by_a_crash_is_set_back_and_the_outputs_
     f.crashes = 1;
     f.print(&format!("changelog cut short ({set_back} partitions set back)"));
     assert_eq!((f.losses, f.divergent), (0, 0));
+}
+
+/// A batch's changelog goes out while the batch after it is applied
+/// (`src/pipeline/in_flight.rs`), so the last batch before the input runs
+/// dry still owes its changelog when it is stored. Idle, the pipeline has
+/// finished it: every changelog record it counted as published is in the
+/// changelog topic, none is pending, and the group offsets are at the end
+/// of the input.
+#[test]
+fn an_idle_pipeline_owes_no_changelog() {
+    let _serial = common::serial();
+    let mut cfg = common::config("changelog-idle");
+    demo::configure(&mut cfg);
+    let changelog = cfg.topics.changelog().expect("on by default").to_owned();
+    let mut pipeline = Pipeline::new(cfg.clone(), system_clock()).expect("pipeline starts");
+    let metrics = pipeline.metrics();
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let flag = shutdown.clone();
+    let handle = std::thread::spawn(move || pipeline.run(&flag).expect("pipeline runs"));
+    demo::publish(&cfg, &demo::workload(reconciler::clock::now_ms(), 2)).unwrap();
+    let end = check::end_offsets(&cfg, &cfg.topics.events);
+    let metric = |name: &str| -> i64 {
+        let line = metrics.render().lines().find(|l| l.split(' ').next() == Some(name)).map(str::to_owned);
+        line.and_then(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse().ok())).unwrap_or(-1)
+    };
+    // Timers firing later append to the input: at or past its end now.
+    let idle = common::wait_for(Duration::from_secs(60), || {
+        let committed = check::committed(&cfg);
+        end.iter().all(|(p, e)| *e == 0 || committed.get(p).is_some_and(|c| c >= e))
+            && metric("reconciler_changelog_pending_records") == 0
+    });
+    let mut counts = (0, 0);
+    let agree = idle
+        && common::wait_for(Duration::from_secs(20), || {
+            counts = (metric("reconciler_changelog_records_total"), check::read_all(&cfg, &[&changelog]).len() as i64);
+            counts.0 == counts.1
+        });
+    let pending = metric("reconciler_changelog_pending_records");
+    shutdown.store(true, Ordering::SeqCst);
+    handle.join().expect("pipeline thread");
+    assert!(
+        idle,
+        "not idle: group offsets {:?} short of {end:?}, or {pending} changelog records pending",
+        check::committed(&cfg)
+    );
+    assert!(counts.0 > 0, "nothing was published to the changelog");
+    assert!(agree, "changelog records counted as published vs in the topic: {counts:?}");
 }
