@@ -17,14 +17,14 @@
 use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use tracing::{debug, warn};
 
 use super::{PipelineError, Stats};
-use crate::codec::Codec;
+use crate::codec::{Codec, DecodeError};
 use crate::config::{Config, Topics};
-use crate::core::{self, Disposition, EntityState, OperationState, Output, Policy, SourcePos};
+use crate::core::{self, Disposition, EntityState, Event, OperationState, Output, Policy, SourcePos};
 use crate::metrics::{self, Metrics};
 use crate::records::Record;
 use crate::records::{authenticity, dead_letter, decode_record, output_record};
@@ -131,6 +131,50 @@ impl<'a> Applier<'a> {
                 v.insert(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline })
             }
         })
+    }
+
+    /// Decodes the records of `records` that [`Applier::apply_lane`] will
+    /// apply (`None` for those it skips, by the same rule) and loads the
+    /// operations and entities they name into `ops` and `entities`, in one
+    /// batched store read each rather than one read per key as the records
+    /// come (the operations a request supersedes are still read one by one:
+    /// they are rare).
+    fn decode_and_load(
+        &self,
+        records: &[&Record],
+        next: &BTreeMap<i32, i64>,
+        ops: &mut FxHashMap<(i32, String), OpSlot>,
+        entities: &mut FxHashMap<(i32, String), EntityState>,
+    ) -> Result<Vec<Option<Result<Event, DecodeError>>>, PipelineError> {
+        let mut expected = next.clone();
+        let decoded: Vec<_> = records
+            .iter()
+            .map(|r| {
+                let e = expected.get_mut(&r.partition)?;
+                if r.offset < *e {
+                    return None;
+                }
+                *e = r.offset + 1;
+                Some(decode_record(self.codec, self.max_record_bytes, r))
+            })
+            .collect();
+        let (mut op_ids, mut entity_ids) = (FxHashSet::default(), FxHashSet::default());
+        for (r, ev) in records.iter().zip(&decoded) {
+            if let Some(Ok(ev)) = ev {
+                op_ids.insert((r.partition, ev.operation_id.as_str()));
+                entity_ids.insert((r.partition, ev.entity_id.as_str()));
+            }
+        }
+        let op_ids: Vec<_> = op_ids.into_iter().collect();
+        for ((p, id), (state, timeline)) in op_ids.iter().zip(self.store.load_ops(&op_ids)?) {
+            let slot = OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline };
+            ops.insert((*p, (*id).to_owned()), slot);
+        }
+        let entity_ids: Vec<_> = entity_ids.into_iter().collect();
+        for ((p, id), e) in entity_ids.iter().zip(self.store.get_entities(&entity_ids)?) {
+            entities.insert((*p, (*id).to_owned()), e);
+        }
+        Ok(decoded)
     }
 
     /// Counts, logs and (unless `silent` or discarding) stores for
@@ -248,10 +292,12 @@ impl<'a> Applier<'a> {
     ) -> Result<Applied, PipelineError> {
         let mut ops: FxHashMap<(i32, String), OpSlot> = FxHashMap::default();
         let mut entities: FxHashMap<(i32, String), EntityState> = FxHashMap::default();
+        let records: Vec<&Record> = records.collect();
+        let mut decoded = self.decode_and_load(&records, next, &mut ops, &mut entities)?;
         let mut batch = Batch::default();
         let mut applied = Applied::default();
         let mut outputs = Vec::new();
-        for r in records {
+        for (r, decoded) in records.into_iter().zip(&mut decoded) {
             let Some(expected) = next.get(&r.partition).copied() else { continue };
             if r.offset < expected {
                 continue; // applied before a restart or a seek: never twice
@@ -265,7 +311,7 @@ impl<'a> Applier<'a> {
                 stats.restored += 1;
                 crate::pipeline::faults::point("pipeline::restoring");
             }
-            let ev = match decode_record(self.codec, self.max_record_bytes, r) {
+            let ev = match decoded.take().expect("decoded by decode_and_load, which skips what this loop skips") {
                 Ok(ev) => ev,
                 Err(e) => {
                     debug!(partition = r.partition, offset = r.offset, class = e.class(), error = %e, "Dead-lettering a record");

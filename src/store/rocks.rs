@@ -354,6 +354,41 @@ impl Store {
         }
     }
 
+    /// [`Store::load_op`] of each `(partition, operation_id)`, in one
+    /// batched read (RocksDB's MultiGet: one snapshot, the memtables and
+    /// each file's filter and index searched once for all the keys).
+    pub fn load_ops(&self, ids: &[(i32, &str)]) -> Result<Vec<(Option<OperationState>, Head)>, StoreError> {
+        self.multi_get(
+            OPS,
+            ids,
+            |b| op_with_head(b).map(|(state, head)| (Some(state), head)),
+            || (None, Head::default()),
+        )
+    }
+
+    /// [`Store::get_entity`] of each `(partition, entity_id)`, in one
+    /// batched read (see [`Store::load_ops`]).
+    pub fn get_entities(&self, ids: &[(i32, &str)]) -> Result<Vec<EntityState>, StoreError> {
+        self.multi_get(ENTITIES, ids, |b| decode("entity", b), EntityState::default)
+    }
+
+    /// The values of `ids`' keys in `family`, each decoded by `found` or,
+    /// when absent, made by `missing`; in the order of `ids`.
+    fn multi_get<T>(
+        &self,
+        family: &str,
+        ids: &[(i32, &str)],
+        found: impl Fn(&[u8]) -> Result<T, StoreError>,
+        missing: impl Fn() -> T,
+    ) -> Result<Vec<T>, StoreError> {
+        let keys: Vec<Vec<u8>> = ids.iter().map(|(p, id)| keys::scoped(*p, id)).collect();
+        self.db
+            .batched_multi_get_cf(self.cf(family), &keys, false)
+            .into_iter()
+            .map(|v| v?.map_or_else(|| Ok(missing()), |b| found(&b)))
+            .collect()
+    }
+
     /// An entity's facts in `partition` (empty when it has none).
     pub fn get_entity(&self, partition: i32, entity_id: &str) -> Result<EntityState, StoreError> {
         Ok(self

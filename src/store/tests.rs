@@ -211,6 +211,32 @@ fn values_of_the_wrong_size_are_corrupt_not_a_panic() {
     }
 }
 
+/// The batched reads the apply step starts a lane with return what the
+/// reads one key at a time return, in the order asked, absent keys
+/// included; a corrupt value is an error, as one by one.
+#[test]
+fn batched_reads_agree_with_reads_one_key_at_a_time() {
+    let dir = temp("store-multi-get");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let mut batch = Batch::default();
+    for (p, id) in [(0, "op-1"), (1, "op-2"), (0, "op-3")] {
+        let state = OperationState::new(&Event::deadline_reached(id, "ent-1", "sync", 5));
+        batch.put_op(p, id.into(), Some(state), TimelineHead::of_total(p as u64 + 2));
+    }
+    let entity = EntityState { confirmed_version: Some(4), operations: 2, ..EntityState::default() };
+    batch.put_entity(0, "ent-1".into(), Some(entity.clone()));
+    store.commit(batch).unwrap();
+    let ids = [(0, "op-3"), (1, "op-1"), (1, "op-2"), (0, "op-1"), (5, "none")];
+    let one_by_one: Vec<_> = ids.iter().map(|(p, id)| store.load_op(*p, id).unwrap()).collect();
+    assert_eq!(store.load_ops(&ids).unwrap(), one_by_one);
+    assert_eq!(one_by_one.iter().filter(|(s, _)| s.is_some()).count(), 3, "present and absent keys");
+    let entities = store.get_entities(&[(1, "ent-1"), (0, "ent-1")]).unwrap();
+    assert_eq!(entities, vec![EntityState::default(), entity]);
+    store.db.put_cf(store.cf("ops"), keys::scoped(2, "op-1"), b"\xff\xff").unwrap();
+    let err = store.load_ops(&[(0, "op-1"), (2, "op-1")]).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { what: "operation", .. }), "{err}");
+}
+
 /// An operation's latest entries live in its value; only those before them
 /// take keys of the timeline family, and its removal takes both.
 #[test]
