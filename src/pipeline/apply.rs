@@ -134,11 +134,12 @@ impl<'a> Applier<'a> {
     }
 
     /// Decodes the records of `records` that [`Applier::apply_lane`] will
-    /// apply (`None` for those it skips, by the same rule) and loads the
-    /// operations and entities they name into `ops` and `entities`, in one
-    /// batched store read each rather than one read per key as the records
-    /// come (the operations a request supersedes are still read one by one:
-    /// they are rare).
+    /// apply (`None` for those it skips: of a partition not in `next`, or
+    /// below its next offset; this is the one place that rule is decided)
+    /// and loads the operations and entities they name into `ops` and
+    /// `entities`, in one batched store read each rather than one read per
+    /// key as the records come (the operations a request supersedes are
+    /// still read one by one: they are rare).
     fn decode_and_load(
         &self,
         records: &[&Record],
@@ -293,15 +294,13 @@ impl<'a> Applier<'a> {
         let mut ops: FxHashMap<(i32, String), OpSlot> = FxHashMap::default();
         let mut entities: FxHashMap<(i32, String), EntityState> = FxHashMap::default();
         let records: Vec<&Record> = records.collect();
-        let mut decoded = self.decode_and_load(&records, next, &mut ops, &mut entities)?;
+        let decoded = self.decode_and_load(&records, next, &mut ops, &mut entities)?;
         let mut batch = Batch::default();
         let mut applied = Applied::default();
         let mut outputs = Vec::new();
-        for (r, decoded) in records.into_iter().zip(&mut decoded) {
-            let Some(expected) = next.get(&r.partition).copied() else { continue };
-            if r.offset < expected {
-                continue; // applied before a restart or a seek: never twice
-            }
+        for (r, decoded) in records.into_iter().zip(decoded) {
+            // Not owned, or applied before a restart or a seek: never twice.
+            let Some(decoded) = decoded else { continue };
             next.insert(r.partition, r.offset + 1);
             applied.touched.insert(r.partition, r.offset + 1);
             stats.records += 1;
@@ -311,7 +310,7 @@ impl<'a> Applier<'a> {
                 stats.restored += 1;
                 crate::pipeline::faults::point("pipeline::restoring");
             }
-            let ev = match decoded.take().expect("decoded by decode_and_load, which skips what this loop skips") {
+            let ev = match decoded {
                 Ok(ev) => ev,
                 Err(e) => {
                     debug!(partition = r.partition, offset = r.offset, class = e.class(), error = %e, "Dead-lettering a record");

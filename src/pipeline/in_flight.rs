@@ -181,7 +181,7 @@ impl Pipeline {
             self.publish_with_retry(cut, shutdown)?;
             faults::crash(faults::CHANGELOG_CRASH_POINTS[0]);
         }
-        b.sent = Sent::send(&self.publisher, &b.changelog, |r| self.route(r), "changelog");
+        b.sent = Sent::send(&self.publisher, &b.changelog, changelog_partition, "changelog");
         Ok(())
     }
 

@@ -154,6 +154,20 @@ fn op_with_head(bytes: &[u8]) -> Result<(OperationState, Head), StoreError> {
     })
 }
 
+/// A stored operation's value (`None`: not stored) as its state and its
+/// timeline's head; one rule for the reads of one key and of many.
+fn op_or_empty(value: Option<&[u8]>) -> Result<(Option<OperationState>, Head), StoreError> {
+    match value {
+        Some(b) => op_with_head(b).map(|(state, head)| (Some(state), head)),
+        None => Ok((None, Head::default())),
+    }
+}
+
+/// A stored entity's value (`None`: not stored, no facts).
+fn entity_or_empty(value: Option<&[u8]>) -> Result<EntityState, StoreError> {
+    value.map(|b| decode("entity", b)).transpose().map(Option::unwrap_or_default)
+}
+
 /// Decodes a `T` from the start of `bytes`, ignoring the rest.
 fn decode_prefix<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
     decode_with_rest(what, bytes).map(|(v, _)| v)
@@ -348,55 +362,37 @@ impl Store {
     /// An operation's state with its timeline's head (empty when there is
     /// no such operation).
     pub fn load_op(&self, partition: i32, operation_id: &str) -> Result<(Option<OperationState>, Head), StoreError> {
-        match self.db.get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))? {
-            Some(b) => op_with_head(&b).map(|(state, head)| (Some(state), head)),
-            None => Ok((None, Head::default())),
-        }
+        op_or_empty(self.db.get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))?.as_deref())
     }
 
     /// [`Store::load_op`] of each `(partition, operation_id)`, in one
     /// batched read (RocksDB's MultiGet: one snapshot, the memtables and
     /// each file's filter and index searched once for all the keys).
     pub fn load_ops(&self, ids: &[(i32, &str)]) -> Result<Vec<(Option<OperationState>, Head)>, StoreError> {
-        self.multi_get(
-            OPS,
-            ids,
-            |b| op_with_head(b).map(|(state, head)| (Some(state), head)),
-            || (None, Head::default()),
-        )
+        self.multi_get(OPS, ids, op_or_empty)
     }
 
     /// [`Store::get_entity`] of each `(partition, entity_id)`, in one
     /// batched read (see [`Store::load_ops`]).
     pub fn get_entities(&self, ids: &[(i32, &str)]) -> Result<Vec<EntityState>, StoreError> {
-        self.multi_get(ENTITIES, ids, |b| decode("entity", b), EntityState::default)
+        self.multi_get(ENTITIES, ids, entity_or_empty)
     }
 
-    /// The values of `ids`' keys in `family`, each decoded by `found` or,
-    /// when absent, made by `missing`; in the order of `ids`.
+    /// The values of `ids`' keys in `family` (`None`: absent), each
+    /// decoded by `read`, in the order of `ids`.
     fn multi_get<T>(
         &self,
         family: &str,
         ids: &[(i32, &str)],
-        found: impl Fn(&[u8]) -> Result<T, StoreError>,
-        missing: impl Fn() -> T,
+        read: impl Fn(Option<&[u8]>) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
         let keys: Vec<Vec<u8>> = ids.iter().map(|(p, id)| keys::scoped(*p, id)).collect();
-        self.db
-            .batched_multi_get_cf(self.cf(family), &keys, false)
-            .into_iter()
-            .map(|v| v?.map_or_else(|| Ok(missing()), |b| found(&b)))
-            .collect()
+        self.db.batched_multi_get_cf(self.cf(family), &keys, false).into_iter().map(|v| read(v?.as_deref())).collect()
     }
 
     /// An entity's facts in `partition` (empty when it has none).
     pub fn get_entity(&self, partition: i32, entity_id: &str) -> Result<EntityState, StoreError> {
-        Ok(self
-            .db
-            .get_pinned_cf(self.cf(ENTITIES), keys::scoped(partition, entity_id))?
-            .map(|b| decode("entity", &b))
-            .transpose()?
-            .unwrap_or_default())
+        entity_or_empty(self.db.get_pinned_cf(self.cf(ENTITIES), keys::scoped(partition, entity_id))?.as_deref())
     }
 
     /// The next offset to consume in `partition`, if any was applied.
