@@ -688,10 +688,40 @@ fn the_dead_letter_tab_redrives_from_the_dlq_and_the_outbox_in_headless_chromium
     cfg.relay.connection_env = format!("DLQ_BROWSER_TEST_DB_{}", std::process::id());
     std::env::set_var(&cfg.relay.connection_env, pg.connection());
     let (cfg, served, _, _) = served_workload_of(cfg);
+    // The tab lists waiting dead letters oldest first (the DLQ record's
+    // timestamp, then its position). Which is oldest depends on the
+    // batches the workload was applied in (a bad_magic record of one
+    // partition may be dead-lettered a batch before a null_value of
+    // another), so the expected first row is read from the DLQ itself.
+    let dead_letters = served.metrics().sum("reconciler_dead_letters_total", &[]) as usize;
+    let mut dlq = Vec::new();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            dlq = common::check::read_all(&cfg, &[&cfg.topics.dlq]);
+            dlq.len() >= dead_letters
+        }),
+        "{} of {dead_letters} dead letters in the DLQ",
+        dlq.len()
+    );
+    let oldest = dlq.iter().min_by_key(|r| (r.timestamp.unwrap_or(i64::MAX), r.partition, r.offset)).unwrap();
+    let oldest_class =
+        String::from_utf8_lossy(oldest.header(reconciler::records::headers::ERROR_CLASS).unwrap()).into_owned();
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dlq-browser");
     let result = common::http::drive_dlq_tab(&format!("http://{}/", served.addr()), TOKEN, "dlq-browser");
     let waiting = result["dlq_rows"].as_u64().unwrap();
-    assert!(waiting >= 1 && result["dlq_first"].as_str().unwrap().contains("null_value"), "{result}");
+    let first = result["dlq_first"].as_str().unwrap();
+    assert!(
+        waiting >= 1
+            && first.starts_with(&format!("{}/{} ", oldest.partition, oldest.offset))
+            && first.contains(&oldest_class),
+        "the oldest dead letter ({}/{}, {oldest_class}) first: {result}",
+        oldest.partition,
+        oldest.offset
+    );
+    assert!(
+        dlq.iter().any(|r| r.header(reconciler::records::headers::ERROR_CLASS) == Some(&b"null_value"[..])),
+        "a null value is dead-lettered"
+    );
     assert_eq!(result["outbox_rows"], 1, "{result}");
     assert!(result["outbox_first"].as_str().unwrap().contains("MessageSizeTooLarge"), "{result}");
     assert!(result["outbox_first"].as_str().unwrap().contains("ev-too-large"), "the event is decoded: {result}");
