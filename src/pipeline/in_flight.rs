@@ -57,6 +57,16 @@ pub(super) struct Batch {
     pub(super) touched: BTreeMap<i32, i64>,
 }
 
+impl Batch {
+    /// Whether what was sent of the batch last is acknowledged (waiting
+    /// for it if need be). `sent` is left [`Sent::Failed`]: the caller
+    /// sets what follows once it knows (an error on the way leaves the
+    /// records to be published again).
+    fn sent_acknowledged(&mut self, publisher: &Publisher) -> bool {
+        std::mem::replace(&mut self.sent, Sent::Failed).acknowledged(publisher)
+    }
+}
+
 /// How a batch's records went out.
 pub(super) enum Sent {
     /// Nothing to send, or outputs discarded (replay).
@@ -166,9 +176,7 @@ impl Pipeline {
     /// until they are), then sends its changelog records, each to its
     /// partition, without waiting for them.
     fn send_changelog(&self, b: &mut Batch, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        // Failed until known otherwise: an error below leaves the batch to
-        // be published again.
-        if !std::mem::replace(&mut b.sent, Sent::Failed).acknowledged(&self.publisher) {
+        if !b.sent_acknowledged(&self.publisher) {
             self.metrics.publish_retry();
             self.publish_with_retry(b.outbox.iter().collect(), shutdown)?;
         }
@@ -191,7 +199,7 @@ impl Pipeline {
     /// it silently rather than publishing again).
     fn settle(&self, b: &mut Batch, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         if !b.changelog.is_empty() {
-            if !std::mem::replace(&mut b.sent, Sent::Failed).acknowledged(&self.publisher) {
+            if !b.sent_acknowledged(&self.publisher) {
                 // Partitions may have moved since the records were sent:
                 // only those still owned are published again.
                 self.keep_owned(&mut b.changelog)?;
@@ -274,7 +282,7 @@ fn finish_before_release(
         }
     }
     if let Some(mut b) = f.publishing.take() {
-        if !std::mem::replace(&mut b.sent, Sent::Failed).acknowledged(publisher) {
+        if !b.sent_acknowledged(publisher) {
             f.publishing = Some(b);
             return finished;
         }
@@ -300,7 +308,7 @@ fn settle_once(
     mut b: Batch,
 ) -> Result<BTreeMap<i32, i64>, Batch> {
     if !b.changelog.is_empty() {
-        let mut acked = std::mem::replace(&mut b.sent, Sent::Nothing).acknowledged(publisher);
+        let mut acked = b.sent_acknowledged(publisher);
         if !acked {
             let routed = b.changelog.iter().map(|r| (r, changelog_partition(r)));
             acked = match publisher.publish_all(routed) {
@@ -312,9 +320,9 @@ fn settle_once(
             };
         }
         if !acked {
-            b.sent = Sent::Failed;
             return Err(b);
         }
+        b.sent = Sent::Nothing;
         metrics.restore.changelog_published(b.changelog.len());
         b.changelog.clear();
     }
