@@ -207,10 +207,13 @@ pub(super) fn decode(body: &[u8]) -> Result<Event, DecodeError> {
     Ok(ev)
 }
 
-struct Writer<'a>(&'a mut Vec<u8>);
+/// Appends Avro binary values to a buffer: the writing half shared by the
+/// direct event codec and the direct output encoders (`outputs.rs`).
+pub(super) struct Writer<'a>(pub(super) &'a mut Vec<u8>);
 
 impl Writer<'_> {
-    fn long(&mut self, n: i64) {
+    /// A `long` or an `int`: zig-zag, then a base-128 varint.
+    pub(super) fn long(&mut self, n: i64) {
         let mut z = ((n << 1) ^ (n >> 63)) as u64;
         while z >= 0x80 {
             self.0.push((z as u8) | 0x80);
@@ -219,12 +222,17 @@ impl Writer<'_> {
         self.0.push(z as u8);
     }
 
-    fn string(&mut self, s: &str) {
+    pub(super) fn string(&mut self, s: &str) {
         self.long(s.len() as i64);
         self.0.extend_from_slice(s.as_bytes());
     }
 
-    fn opt_long(&mut self, v: Option<i64>) {
+    pub(super) fn boolean(&mut self, b: bool) {
+        self.0.push(u8::from(b));
+    }
+
+    /// A `["null", "long"]` union.
+    pub(super) fn opt_long(&mut self, v: Option<i64>) {
         match v {
             None => self.long(0),
             Some(n) => {
@@ -234,7 +242,8 @@ impl Writer<'_> {
         }
     }
 
-    fn opt_string(&mut self, v: &Option<String>) {
+    /// A `["null", "string"]` union.
+    pub(super) fn opt_string(&mut self, v: &Option<String>) {
         match v {
             None => self.long(0),
             Some(s) => {
@@ -242,6 +251,18 @@ impl Writer<'_> {
                 self.string(s);
             }
         }
+    }
+
+    /// An array: one block holding every item (none for an empty array),
+    /// then the closing empty block.
+    pub(super) fn array<T>(&mut self, items: &[T], mut item: impl FnMut(&mut Self, &T)) {
+        if !items.is_empty() {
+            self.long(items.len() as i64);
+            for i in items {
+                item(self, i);
+            }
+        }
+        self.long(0);
     }
 
     fn source(&mut self, s: EvidenceSource) {
@@ -265,7 +286,7 @@ pub(super) fn encode(ev: &Event, out: &mut Vec<u8>) {
             w.opt_long(r.expected_version);
             w.opt_string(&r.expected_fingerprint);
             w.opt_string(&r.idempotency_key);
-            w.0.push(u8::from(r.idempotent));
+            w.boolean(r.idempotent);
             w.string(&r.destination);
             w.opt_long(r.confirm_within_ms);
             w.opt_long(r.max_attempts.map(i64::from));
@@ -315,13 +336,7 @@ pub(super) fn encode(ev: &Event, out: &mut Vec<u8>) {
             w.string(actor);
             w.long(*decision as i64);
             w.string(note);
-            if !evidence_checked.is_empty() {
-                w.long(evidence_checked.len() as i64);
-                for e in evidence_checked {
-                    w.string(e);
-                }
-            }
-            w.long(0);
+            w.array(evidence_checked, |w, e| w.string(e));
         }
         Body::DeadlineReached { deadline } => {
             w.long(9);

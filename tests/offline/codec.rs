@@ -594,3 +594,180 @@ proptest! {
         }
     }
 }
+
+/// The direct output writers implement exactly the current schemas: if an
+/// output's .avsc changes, this fails until codec/outputs.rs follows.
+#[test]
+fn direct_output_writers_are_written_for_the_current_schemas() {
+    let codec = Codec::new();
+    let changed: Vec<String> = Codec::direct_output_fingerprints()
+        .into_iter()
+        .filter(|(kind, fingerprint)| codec.schemas().current(*kind).fingerprint != *fingerprint)
+        .map(|(kind, _)| format!("{} is now {:#018x}", kind.full_name(), codec.schemas().current(kind).fingerprint))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "output schemas changed, update src/codec/outputs.rs and its fingerprints: {changed:?}"
+    );
+}
+
+fn pick<T: Copy + std::fmt::Debug + 'static>(all: &'static [T]) -> impl Strategy<Value = T> {
+    proptest::sample::select(all)
+}
+
+fn arb_strings() -> impl Strategy<Value = Vec<String>> {
+    proptest::collection::vec(arb_string(), 0..4)
+}
+
+fn arb_evidence() -> impl Strategy<Value = Evidence> {
+    let manual = proptest::option::of((arb_string(), pick(&Decision::ALL), arb_string(), arb_strings()).prop_map(
+        |(actor, decision, note, evidence_checked)| ManualDecisionRecord { actor, decision, note, evidence_checked },
+    ));
+    let superseded = proptest::option::of(
+        (arb_string(), any::<Option<i64>>())
+            .prop_map(|(operation_id, expected_version)| Supersession { operation_id, expected_version }),
+    );
+    (
+        (
+            any::<Option<i64>>(),
+            proptest::option::of(arb_string()),
+            any::<Option<i64>>(),
+            proptest::option::of(arb_string()),
+            arb_strings(),
+            proptest::option::of(arb_string()),
+            any::<i32>(),
+            any::<Option<i64>>(),
+        ),
+        (any::<i64>(), any::<i64>(), any::<i64>(), any::<i64>(), any::<i32>(), any::<i64>()),
+        (manual, any::<i32>(), any::<Option<i64>>(), any::<Option<i64>>(), superseded),
+        proptest::option::of(pick(&Escalation::ALL)),
+    )
+        .prop_map(
+            |(
+                (ev, ef, ov, of, ids, key, attempts, req),
+                (last, applied, dups, ooo, tp, to),
+                (m, rq, fu, na, sup),
+                esc,
+            )| {
+                Evidence {
+                    expected_version: ev,
+                    expected_fingerprint: ef,
+                    observed_version: ov,
+                    observed_fingerprint: of,
+                    remote_ids: ids,
+                    idempotency_key: key,
+                    attempts,
+                    requested_at: req,
+                    last_event_at: last,
+                    events_applied: applied,
+                    duplicates_seen: dups,
+                    out_of_order_seen: ooo,
+                    trigger_partition: tp,
+                    trigger_offset: to,
+                    manual_decision: m,
+                    requeues: rq,
+                    follow_up_at: fu,
+                    next_attempt_at: na,
+                    superseded_by: sup,
+                    escalation: esc,
+                }
+            },
+        )
+}
+
+fn arb_verdict() -> impl Strategy<Value = Verdict> {
+    (
+        (arb_string(), arb_string(), arb_string(), arb_string()),
+        (pick(&Outcome::ALL), pick(&Action::ALL), pick(&Status::ALL)),
+        (arb_string(), any::<i64>(), arb_string()),
+        arb_evidence(),
+    )
+        .prop_map(|((id, op, ent, ty), (outcome, action, state), (reason, at, trigger), evidence)| Verdict {
+            verdict_id: id,
+            operation_id: op,
+            entity_id: ent,
+            operation_type: ty,
+            outcome,
+            action,
+            state,
+            reason,
+            decided_at: at,
+            trigger_event_id: trigger,
+            evidence,
+        })
+}
+
+fn arb_anomaly() -> impl Strategy<Value = Anomaly> {
+    (
+        (arb_string(), pick(&AnomalyKind::ALL), arb_string(), arb_string(), arb_string(), arb_string()),
+        (any::<Option<i64>>(), any::<Option<i64>>(), proptest::collection::vec(any::<i64>(), 0..5), any::<i64>()),
+        (arb_string(), any::<i32>(), any::<i64>(), proptest::option::of(arb_string())),
+    )
+        .prop_map(|((id, kind, op, ent, ty, ev), (seq, exp, missing, at), (detail, p, o, producer))| Anomaly {
+            anomaly_id: id,
+            kind,
+            operation_id: op,
+            entity_id: ent,
+            operation_type: ty,
+            event_id: ev,
+            seq,
+            expected_seq: exp,
+            missing_seqs: missing,
+            detected_at: at,
+            detail,
+            source_partition: p,
+            source_offset: o,
+            producer,
+        })
+}
+
+fn arb_command() -> impl Strategy<Value = RepairCommand> {
+    (
+        (arb_string(), arb_string(), arb_string(), arb_string(), arb_string()),
+        (pick(&RepairAction::ALL), proptest::option::of(arb_string()), arb_string()),
+        (any::<Option<i64>>(), proptest::option::of(arb_string()), any::<i64>()),
+    )
+        .prop_map(|((id, v, op, ent, ty), (action, key, dest), (ver, fp, at))| RepairCommand {
+            command_id: id,
+            verdict_id: v,
+            operation_id: op,
+            entity_id: ent,
+            operation_type: ty,
+            action,
+            idempotency_key: key,
+            destination: dest,
+            expected_version: ver,
+            expected_fingerprint: fp,
+            issued_at: at,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The direct output writers and apache-avro's schema-aware serializer
+    /// write the same bytes, which read back to the same output.
+    #[test]
+    fn direct_verdict_writer_agrees_with_the_generic_path(v in arb_verdict()) {
+        let codec = Codec::new();
+        let fast = codec.encode_verdict(&v).unwrap();
+        prop_assert_eq!(&fast, &codec.encode_verdict_generic(&v).unwrap());
+        prop_assert_eq!(codec.decode_verdict(&fast).unwrap(), v);
+    }
+
+    #[test]
+    fn direct_anomaly_writer_agrees_with_the_generic_path(a in arb_anomaly()) {
+        let codec = Codec::new();
+        let fast = codec.encode_anomaly(&a).unwrap();
+        prop_assert_eq!(&fast, &codec.encode_anomaly_generic(&a).unwrap());
+        prop_assert_eq!(codec.decode_anomaly(&fast).unwrap(), a);
+    }
+
+    #[test]
+    fn direct_command_writer_agrees_with_the_generic_path(c in arb_command()) {
+        let codec = Codec::new();
+        let fast = codec.encode_command(&c).unwrap();
+        prop_assert_eq!(&fast, &codec.encode_command_generic(&c).unwrap());
+        prop_assert_eq!(codec.decode_command(&fast).unwrap(), c);
+    }
+}
