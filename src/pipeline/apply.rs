@@ -159,7 +159,8 @@ impl<'a> Applier<'a> {
                 Some(decode_record(self.codec, self.max_record_bytes, r))
             })
             .collect();
-        let (mut op_ids, mut entity_ids) = (FxHashSet::default(), FxHashSet::default());
+        let sized = || FxHashSet::with_capacity_and_hasher(records.len(), Default::default());
+        let (mut op_ids, mut entity_ids) = (sized(), sized());
         for (r, ev) in records.iter().zip(&decoded) {
             if let Some(Ok(ev)) = ev {
                 op_ids.insert((r.partition, ev.operation_id.as_str()));
@@ -167,11 +168,13 @@ impl<'a> Applier<'a> {
             }
         }
         let op_ids: Vec<_> = op_ids.into_iter().collect();
+        ops.reserve(op_ids.len());
         for ((p, id), (state, timeline)) in op_ids.iter().zip(self.store.load_ops(&op_ids)?) {
             let slot = OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline };
             ops.insert((*p, (*id).to_owned()), slot);
         }
         let entity_ids: Vec<_> = entity_ids.into_iter().collect();
+        entities.reserve(entity_ids.len());
         for ((p, id), e) in entity_ids.iter().zip(self.store.get_entities(&entity_ids)?) {
             entities.insert((*p, (*id).to_owned()), e);
         }
@@ -295,7 +298,7 @@ impl<'a> Applier<'a> {
         let mut entities: FxHashMap<(i32, String), EntityState> = FxHashMap::default();
         let records: Vec<&Record> = records.collect();
         let decoded = self.decode_and_load(&records, next, &mut ops, &mut entities)?;
-        let mut batch = Batch::default();
+        let mut batch = Batch::with_capacity(records.len(), ops.len(), entities.len());
         let mut applied = Applied::default();
         let mut outputs = Vec::new();
         for (r, decoded) in records.into_iter().zip(decoded) {

@@ -60,6 +60,21 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch with room for what `records` input records touching `ops`
+    /// operations and `entities` entities write: its vectors hold large
+    /// elements (an operation's state is hundreds of bytes), and growing
+    /// them by doubling copied every one each time.
+    pub fn with_capacity(records: usize, ops: usize, entities: usize) -> Batch {
+        Batch {
+            ops: Vec::with_capacity(ops),
+            entities: Vec::with_capacity(entities),
+            // About one output per three input records in the default
+            // workload; the rest grows as needed.
+            outbox: Vec::with_capacity(records / 2),
+            ..Batch::default()
+        }
+    }
+
     /// Sets (or, with `None`, deletes) an operation's state, with its
     /// timeline's head.
     pub fn put_op(

@@ -387,7 +387,13 @@ impl Store {
         read: impl Fn(Option<&[u8]>) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
         let keys: Vec<Vec<u8>> = ids.iter().map(|(p, id)| keys::scoped(*p, id)).collect();
-        self.db.batched_multi_get_cf(self.cf(family), &keys, false).into_iter().map(|v| read(v?.as_deref())).collect()
+        // Sized up front: collecting `Result`s cannot tell the length, and
+        // an operation's slot is large, so each doubling copied them all.
+        let mut out = Vec::with_capacity(keys.len());
+        for v in self.db.batched_multi_get_cf(self.cf(family), &keys, false) {
+            out.push(read(v?.as_deref())?);
+        }
+        Ok(out)
     }
 
     /// An entity's facts in `partition` (empty when it has none).
