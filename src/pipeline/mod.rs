@@ -55,18 +55,24 @@ const OFFSETS_CHECK_EVERY: Duration = Duration::from_secs(5);
 const OFFSETS_CHECK_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Batch sizes ramp up: after start-up and after an idle poll a batch
-/// takes at most 1/RAMP_FIRST of `[consumer] batch_size`, and each batch
-/// that comes back full doubles the next one's limit up to `batch_size`.
-/// A preloaded topic's first batch of 5,000 records took 83 ms to apply
-/// (cold caches, fresh memory) before any verdict could go out; a burst
-/// after a quiet spell waited the same way. Thin input never fills a batch,
-/// so it is not affected; thick input reaches full batches in a few.
+/// takes at most 1/RAMP_FIRST of `[consumer] batch_size` (but at least
+/// [`RAMP_FLOOR`] records), and each batch that comes back full doubles the
+/// next one's limit up to `batch_size`. A preloaded topic's first batch of
+/// 5,000 records took 83 ms to apply (cold caches, fresh memory) before any
+/// verdict could go out; a burst after a quiet spell waited the same way.
+/// Thin input never fills a batch, so it is not affected; thick input
+/// reaches full batches in a few.
 const RAMP_FIRST: usize = 16;
+
+/// The smallest first batch of a ramp: a few hundred records apply in a
+/// few milliseconds, so smaller `batch_size`s are not ramped at all (the
+/// crash suites choose theirs, 10 to 99, to place their crash points).
+const RAMP_FLOOR: usize = 256;
 
 /// The most records the next batch takes (see [`RAMP_FIRST`]), given the
 /// last limit and how many records that poll returned.
 fn next_batch_limit(limit: usize, got: usize, full: usize) -> usize {
-    let first = (full / RAMP_FIRST).max(1);
+    let first = (full / RAMP_FIRST).max(RAMP_FLOOR).min(full);
     if got == 0 {
         first
     } else if got >= limit {
@@ -704,5 +710,9 @@ mod tests {
         assert_eq!(next_batch_limit(full, 4000, full), full, "thin input keeps the limit");
         assert_eq!(next_batch_limit(full, 0, full), 312, "an idle poll starts over");
         assert_eq!(next_batch_limit(1, 0, 1), 1, "a batch size of 1 stays 1");
+        for small in [10, 99, 256] {
+            assert_eq!(next_batch_limit(small, 0, small), small, "batch size {small} is not ramped");
+        }
+        assert_eq!(next_batch_limit(1000, 0, 1000), 256, "at least RAMP_FLOOR records");
     }
 }
