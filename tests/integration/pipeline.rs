@@ -300,12 +300,12 @@ fn overdue_operation_on_a_busy_partition_is_judged_while_traffic_continues() {
     overdue_within_three_seconds(true);
 }
 
-/// A fresh sqlite broker (the same engine as the shared one) on the shared
-/// broker's port plus four (`OVERDUE_BROKER_PORT` overrides), stopped
-/// however the test ends.
+/// A fresh sqlite broker (the same engine as the shared one), stopped
+/// however the test ends, on a port of its own: the bounce suite's plus
+/// five (+1 to +4 are the verify, noida-db, SCRAM and relay-outage
+/// brokers').
 fn own_broker() -> (String, common::run::BounceBroker) {
-    let port: u16 = common::brokers().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(9092);
-    let port = std::env::var("OVERDUE_BROKER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(port + 4);
+    let port = common::run::bounce_port() + 5;
     common::run::broker("start", port);
     (format!("127.0.0.1:{port}"), common::run::BounceBroker(port))
 }
