@@ -211,8 +211,12 @@ pub fn signal(pid: u32, name: &str) {
     Command::new("kill").args([&format!("-{name}"), &pid.to_string()]).status().unwrap();
 }
 
+/// The last lines of an instance's log, latest first, for a failure
+/// message. 200: an instance that fires timers logs one line per timer, and
+/// 25 lines of a stalled survivor (the exactly-once suite's intermittent
+/// "not settled") showed only its last timer batch, not where it waited.
 pub fn tail(log: &Path) -> String {
-    std::fs::read_to_string(log).unwrap_or_default().lines().rev().take(25).collect::<Vec<_>>().join("\n")
+    std::fs::read_to_string(log).unwrap_or_default().lines().rev().take(200).collect::<Vec<_>>().join("\n")
 }
 
 const PROBE_CHILD_CONFIG: &str = "PROBE_CHILD_CONFIG";
