@@ -45,6 +45,8 @@ if [ "$mode" = "--tests" ]; then
   # PostgreSQL: the probe worker's postgres destination is tested against a
   # throw-away cluster (initdb, pg_ctl) the tests start on a private port.
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+  # sqlite3: scripts/broker.sh indexes the test broker's record headers.
+  command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
