@@ -53,7 +53,7 @@ fn a_replaced_machine_restores_from_the_changelog_without_the_inputs_head_and_ag
         let tail = b.log_tail();
         b.stop();
         if let Err(why) = settled {
-            panic!("B did not settle: {why}; log:\n{tail}");
+            panic!("B did not settle: {why}; log:\n{tail}\nB did not settle: {why}");
         }
         let input = common::check::read_all(&run.cfg, &[&run.cfg.topics.events]);
         assert!(input.len() > head, "the second half arrived");

@@ -286,10 +286,18 @@ pub fn output_topics(cfg: &Config) -> [&str; 4] {
     [&t.verdicts, &t.anomalies, &t.dlq, &t.commands]
 }
 
+/// How long [`wait_settled`] waits for a next verdict before it asks
+/// `ready` anyway (above a session timeout of the suites, 6 s).
+const STALLED: Duration = Duration::from_secs(8);
+
 /// I4: waits until the group's committed offsets reach the end of every
 /// input partition, `verdicts` distinct verdicts arrived, the running
 /// instances report themselves ready (`ready`), and this stays so
-/// for a quiet second (a late timer event would move the end). Returns
+/// for a quiet second (a late timer event would move the end). `ready` is
+/// asked once every verdict is there, or when none has arrived for
+/// [`STALLED`]: it may nudge the group then, as an instance started right
+/// after a crash can be left owning nothing on the local broker (see
+/// `run::nudge_group`), and then no verdict would ever come. Returns
 /// whether that happened within `timeout`, or what was still missing then
 /// (the first line of a failed test's message, which CI logs keep).
 pub fn wait_settled(
@@ -300,6 +308,7 @@ pub fn wait_settled(
 ) -> Result<(), String> {
     let until = Instant::now() + timeout;
     let mut quiet_since: Option<(Instant, BTreeMap<i32, i64>)> = None;
+    let mut progress = (0, Instant::now());
     loop {
         // Read afresh from the beginning each time: a reader that follows
         // the topic misses committed records of a producer after one of
@@ -310,13 +319,18 @@ pub fn wait_settled(
         let end = end_offsets(cfg, &cfg.topics.events);
         // The committed offsets may be a previous incarnation's: the
         // running instances must also report every partition restored.
-        // `ready` only once every verdict is there (it may nudge the group).
-        let is_ready = (distinct.len() >= verdicts).then(&mut ready);
+        // `ready` only once every verdict is there or none comes (it may
+        // nudge the group).
+        if distinct.len() != progress.0 {
+            progress = (distinct.len(), Instant::now());
+        }
+        let stalled = progress.1.elapsed() >= STALLED;
+        let is_ready = (distinct.len() >= verdicts || stalled).then(&mut ready);
         let caught_up = || {
             let c = committed(cfg);
             end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
         };
-        let done = is_ready == Some(true) && caught_up();
+        let done = distinct.len() >= verdicts && is_ready == Some(true) && caught_up();
         match (&quiet_since, done) {
             (Some((since, at)), true) if *at == end => {
                 if since.elapsed() >= Duration::from_secs(1) {

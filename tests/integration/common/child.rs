@@ -215,6 +215,8 @@ pub fn signal(pid: u32, name: &str) {
 /// message. 200: an instance that fires timers logs one line per timer, and
 /// 25 lines of a stalled survivor (the exactly-once suite's intermittent
 /// "not settled") showed only its last timer batch, not where it waited.
+/// CI shows the start and the end of a long output: a message that ends in
+/// a tail states its reason again after it.
 pub fn tail(log: &Path) -> String {
     std::fs::read_to_string(log).unwrap_or_default().lines().rev().take(200).collect::<Vec<_>>().join("\n")
 }

@@ -177,7 +177,7 @@ impl Run {
             i.stop();
         }
         if let Err(why) = settled {
-            panic!("I4: {why}; log:\n{}", tails.join("\n--\n"));
+            panic!("I4: {why}; log:\n{}\nI4: {why}", tails.join("\n--\n"));
         }
         let input = check::read_all(&self.cfg, &[&self.cfg.topics.events]);
         let outputs = check::read_all(&self.cfg, &check::output_topics(&self.cfg));
@@ -263,8 +263,15 @@ pub fn stopped(pid: u32) -> bool {
 /// The local broker (tansu 0.6) drops a member whose session expired only
 /// when the group is next joined, and starts no rebalance by itself, so the
 /// dead member's partitions would stay unowned. Apache Kafka rebalances on
-/// the expiry; here a short join stands in for that. The visitor commits
-/// nothing and consumes nothing.
+/// the expiry; here a short join stands in for that. It also gets a member
+/// out of a second gap of the same coordinator: when the dead member was
+/// the leader and expires while the new member is between its join and its
+/// sync, tansu takes the new member's (empty) follower sync as the leader's
+/// and keeps the group stable with no partition assigned, with no time
+/// limit (tansu-broker 0.6.0 `coordinator/group/administrator.rs`; seen as
+/// a kill -9 test's last instance owning nothing for 90 s). The visitor's
+/// join and leave make the group form again. It commits nothing and
+/// consumes nothing.
 pub fn nudge_group(cfg: &Config) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     // A visitor of its own: with the instances' static membership id it
