@@ -684,7 +684,7 @@ impl Pipeline {
         self.stats.timers_fired += due.len() as u64;
         self.metrics.timers_fired(due.len());
         debug!(count = due.len(), "Timers fired");
-        self.timers.fired(due, now);
+        self.timers.fired(due);
         Ok(())
     }
 }
