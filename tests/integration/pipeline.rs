@@ -587,13 +587,9 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
     // without partitions until the group is joined again (see
     // `nudge_group`): settling nudges it while the survivor owns less than
     // every partition.
-    let mut last_nudge = std::time::Instant::now();
+    let mut nudger = common::run::Nudger::new(true);
     let settled = check::wait_settled(&cfg, predicted, Duration::from_secs(90), || {
-        if child.owned() < 3 && last_nudge.elapsed() >= Duration::from_secs(3) {
-            common::run::nudge_group(&cfg);
-            last_nudge = std::time::Instant::now();
-        }
-        child.owned() == 3 && child.ready()
+        nudger.owns_all(&cfg, child.owned(), 3) && child.ready()
     });
     let tail = child.log_tail();
     child.stop();

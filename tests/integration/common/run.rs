@@ -163,14 +163,10 @@ impl Run {
         // crash can be left with nothing while the dead member's committed
         // offsets already look caught up.
         let partitions = self.cfg.topics.partitions as usize;
-        let mut last_nudge = Instant::now();
+        let mut nudger = Nudger::new(self.nudges);
         let settled = check::wait_settled(&self.cfg, self.verdicts, Duration::from_secs(120), || {
             let owned: usize = running.iter().map(Instance::owned).sum();
-            if self.nudges && owned < partitions && last_nudge.elapsed() >= Duration::from_secs(3) {
-                nudge_group(&self.cfg);
-                last_nudge = Instant::now();
-            }
-            owned == partitions && running.iter().all(Instance::ready)
+            nudger.owns_all(&self.cfg, owned, partitions) && running.iter().all(Instance::ready)
         });
         let tails: Vec<String> = running.iter().map(Instance::log_tail).collect();
         for i in running {
@@ -256,6 +252,29 @@ pub fn assert_zombie_wrote_nothing(log: &Path, mark: usize) -> usize {
 pub fn stopped(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))
+}
+
+/// While settling: whether the running instances own every partition,
+/// nudging the group (see [`nudge_group`]) every 3 s at most while they
+/// own less, when nudging is on.
+pub struct Nudger {
+    on: bool,
+    last: Instant,
+}
+
+impl Nudger {
+    pub fn new(on: bool) -> Nudger {
+        Nudger { on, last: Instant::now() }
+    }
+
+    /// Whether `owned` is all of `partitions`; nudges first if not and due.
+    pub fn owns_all(&mut self, cfg: &Config, owned: usize, partitions: usize) -> bool {
+        if self.on && owned < partitions && self.last.elapsed() >= Duration::from_secs(3) {
+            nudge_group(cfg);
+            self.last = Instant::now();
+        }
+        owned == partitions
+    }
 }
 
 /// Makes the group rebalance: a consumer joins it and leaves at once.
