@@ -8,9 +8,14 @@
 //!    output against the truth (`loadgen verify`);
 //! 3. runs the bare rdkafka passthrough (`reconciler loadgen passthrough`)
 //!    over the same topic as the baseline, measured the same way;
-//! 4. runs a fresh pipeline while loadgen publishes at half the measured
-//!    rate with event time = send time, and reports p50/p99 event→verdict
-//!    latency.
+//! 4. measures the input's own path at half the measured rate (loadgen to
+//!    a bare consumer, event time = send time: the broker's floor), then
+//!    runs a fresh pipeline while loadgen publishes at that rate, and
+//!    reports p50/p99 event→verdict latency next to the floor.
+//!
+//! Each pipeline's log goes to /tmp/<run>.log (and <run>-lat.log), kept:
+//! RECONCILER_LOG=warn,reconciler::pipeline=debug,reconciler::pipeline::apply=info
+//! times every batch.
 //!
 //!   scripts/bench-e2e.sh            (builds, starts a memory broker, runs this)
 //!   KAFKA_BROKERS=127.0.0.1:9092 E2E_OPERATIONS=300000 cargo bench --bench e2e
@@ -72,7 +77,9 @@ impl Counter {
             .set("bootstrap.servers", brokers)
             .set("group.id", format!("{}.counter", topics[0]))
             .set("enable.auto.commit", "false")
-            .set("fetch.wait.max.ms", "50")
+            // As short as the pipeline's own (CONSUMER_DEFAULTS): the
+            // first output is timed by when this counter sees it.
+            .set("fetch.wait.max.ms", "10")
             // noida-db answers fetches whole, whatever their size limit.
             .set("receive.message.max.bytes", "104857600")
             .create()
@@ -168,12 +175,28 @@ fn config_with(
 const BENCH_CONTROL_KEY: &str = "e2e-bench-control-key";
 
 fn spawn(config: &Path, args: &[&str]) -> Child {
-    Command::new(binary())
-        .arg("--config")
+    command(config, args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", binary().display()))
+}
+
+/// The command line of an instance (its log goes to stderr).
+fn command(config: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(binary());
+    c.arg("--config")
         .arg(config)
         .args(args)
-        .env("RECONCILER_LOG", std::env::var("RECONCILER_LOG").unwrap_or_else(|_| "warn".into()))
-        .stdout(Stdio::piped())
+        .env("RECONCILER_LOG", std::env::var("RECONCILER_LOG").unwrap_or_else(|_| "warn".into()));
+    c
+}
+
+/// `spawn` with the child's output and log going to the file `log`.
+fn spawn_logged(config: &Path, args: &[&str], log: &Path) -> Child {
+    let out = std::fs::File::create(log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+    command(config, args)
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", binary().display()))
 }
@@ -273,7 +296,10 @@ fn run_pipeline(
     // The counter connected and fetching before the process starts: its
     // own start (connections, offsets) is not the pipeline's first output.
     outputs.warm_up();
-    let child = spawn(file, &["run"]);
+    // Its log to a file kept after the run (a pipe nobody reads while it
+    // runs would stall a chatty log level): /tmp/<run>.log.
+    let log = file.parent().expect("in the run's directory").with_extension("log");
+    let child = spawn_logged(file, &["run"], &log);
     let m = measure(child, records, ticks, || outputs.count(), expected, Duration::from_secs(120 + records / 5_000));
     println!(
         "{label} {records} records in {:.2} s = {:.0} records/s ({:.0}/s after the first verdict); {:.2} CPU s per 1M records; peak RSS {:.0} MB",
@@ -420,12 +446,74 @@ fn latency_rate(pipeline: &Measured) -> f64 {
 /// How long after the latency step's start its first record is due.
 const PUBLISH_LEAD: Duration = Duration::from_secs(2);
 
+/// The `p` quantile of sorted `v` (-1 when empty).
+fn percentile(v: &[i64], p: f64) -> i64 {
+    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(-1)
+}
+
+/// The floor under event→verdict latency on this broker, measured just
+/// before the pipeline's step: loadgen publishes the same paced workload
+/// (`args`) to a topic of its own while a bare consumer with the
+/// pipeline's consumer settings measures each event from its event time to
+/// its arrival (loadgen's producer, the broker, the fetch), nothing else
+/// running. What the pipeline adds is the difference. (Run beside the
+/// pipeline, a second consumer of the input slowed the pipeline's batches
+/// several times over on two cores.) Returns the sorted latencies.
+fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> Vec<i64> {
+    let mut cfg = cfg.clone();
+    cfg.topics.events = format!("{}.floor", cfg.topics.events);
+    admin::ensure_topics(&cfg.kafka, &[cfg.topics.events.as_str()], partitions, 1).unwrap();
+    let group = format!("{}.floor", cfg.consumer.group_id);
+    let consumer: BaseConsumer = reconciler::kafka::client_config(
+        &reconciler::kafka::CONSUMER_DEFAULTS,
+        &cfg.kafka,
+        &[("group.id", group.as_str()), ("enable.auto.commit", "false")],
+    )
+    .create()
+    .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(&cfg.topics.events, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    args.seed = 4;
+    let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
+    let run_start = opts.start_ms;
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    let publisher = std::thread::spawn(move || {
+        let r = loadgen::publish(&cfg, Generator::new(opts), true, false);
+        flag.store(true, Ordering::SeqCst);
+        r.unwrap()
+    });
+    use rdkafka::Message;
+    let codec = Codec::new();
+    let mut lat = Vec::new();
+    let mut last = Instant::now();
+    while !done.load(Ordering::SeqCst) || last.elapsed() < Duration::from_secs(3) {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
+        let now = reconciler::clock::now_ms();
+        last = Instant::now();
+        if let Some(ev) = m.payload().and_then(|b| codec.decode_event(b).ok()) {
+            if ev.occurred_at >= run_start && ev.occurred_at <= now {
+                lat.push(now - ev.occurred_at);
+            }
+        }
+    }
+    publisher.join().unwrap();
+    lat.sort_unstable();
+    lat
+}
+
 /// Runs the latency step; returns p50 and p99 event→verdict in ms.
 fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -> (i64, i64) {
     let (cfg, file) = config(brokers, prefix, partitions);
     let t = cfg.topics.clone();
     admin::ensure_topics(&cfg.kafka, &t.all(), partitions, 1).unwrap();
-    let mut child = spawn(&file, &["run"]);
+    // Its log to a file, kept after the run (nothing reads a pipe while it
+    // runs, and a debug log is how its batches are timed:
+    // RECONCILER_LOG=warn,reconciler::pipeline=debug).
+    let log = std::env::temp_dir().join(format!("{prefix}.log"));
     let mut args = Workload {
         operations: 200,
         entities: None,
@@ -437,6 +525,10 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
         quiet: true,
         faults: loadgen::Faults::default(),
     };
+    let per_unit = loadgen::records_per_unit(&args.options(&cfg, 0).unwrap());
+    let operations = (rate * secs as f64 / per_unit) as u64;
+    let floor = input_floor(&cfg, partitions, Workload { operations, ..args.clone() });
+    let mut child = spawn_logged(&file, &["run"], &log);
     // Warm-up: the pipeline has joined its group once these are judged.
     let warm = args.options(&cfg, reconciler::clock::now_ms()).unwrap();
     let (_, truth) = loadgen::publish(&cfg, Generator::new(warm), false, false).unwrap();
@@ -445,8 +537,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
         reader.read_until(Duration::from_secs(120), |r| r.len() as u64 >= truth.verdict_count - truth.timer_verdicts)
     );
     let skip = reader.records.len();
-    let per_unit = loadgen::records_per_unit(&args.options(&cfg, 0).unwrap());
-    args.operations = (rate * secs as f64 / per_unit) as u64;
+    args.operations = operations;
     args.seed = 3;
     // The first record due PUBLISH_LEAD from now: the publisher is
     // connected by then. With 200 ms, records due while it started (about
@@ -496,8 +587,13 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     let published = publisher.join().unwrap().0;
     stop(&mut child);
     lat.sort_unstable();
-    let pct =
-        |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(-1);
+    let pct = |p: f64| percentile(&lat, p);
+    println!(
+        "latency:     the input's own path (event time → a bare consumer of the input topic, same client settings): p50 {} ms, p99 {} ms over {} events",
+        percentile(&floor, 0.50),
+        percentile(&floor, 0.99),
+        floor.len()
+    );
     println!(
         "latency:     at {:.0} records/s target ({:.0} achieved, {} records): event→verdict p50 {} ms, p99 {} ms, max {} ms over {} verdicts; peak RSS {:.0} MB",
         rate,
@@ -510,6 +606,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
         lat.len(),
         proc.peak_rss_mb
     );
+    println!("latency:     the pipeline's log: {}", log.display());
     // Its state directory (about 0.5 GB), like the main run's.
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(prefix));
     (pct(0.50), pct(0.99))
