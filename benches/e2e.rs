@@ -202,7 +202,10 @@ fn spawn_logged(config: &Path, args: &[&str], log: &Path) -> Child {
 }
 
 fn stop(child: &mut Child) {
-    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    // The passthrough ends by itself: no `kill` of a process that is gone.
+    if matches!(child.try_wait(), Ok(None)) {
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    }
     let _ = child.wait();
 }
 
