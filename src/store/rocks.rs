@@ -245,7 +245,15 @@ impl Store {
             // reading blocks. The other families are only scanned by range,
             // where a filter is never consulted: building one at every
             // flush and compaction only cost CPU and block cache.
-            cf.set_block_based_table_factory(&table(*n == OPS || *n == ENTITIES));
+            let looked_up = *n == OPS || *n == ENTITIES;
+            cf.set_block_based_table_factory(&table(looked_up));
+            if looked_up {
+                // The same for the memtables: a lookup of a key not stored
+                // yet otherwise walks each memtable's skip list, comparing
+                // keys all the way down.
+                cf.set_memtable_whole_key_filtering(true);
+                cf.set_memtable_prefix_bloom_ratio(0.05);
+            }
             ColumnFamilyDescriptor::new(*n, cf)
         });
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
