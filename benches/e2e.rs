@@ -13,7 +13,8 @@
 //!    runs a fresh pipeline while loadgen publishes at that rate, and
 //!    reports p50/p99 event→verdict latency next to the floor.
 //!
-//! Each pipeline's log goes to /tmp/<run>.log (and <run>-lat.log), kept:
+//! Each pipeline's log goes to /tmp/<run>.log (<run>-eos.log,
+//! <run>-lat.log), kept:
 //! RECONCILER_LOG=warn,reconciler::pipeline=debug,reconciler::pipeline::apply=info
 //! times every batch.
 //!
@@ -302,6 +303,7 @@ fn run_pipeline(
     // Its log to a file kept after the run (a pipe nobody reads while it
     // runs would stall a chatty log level): /tmp/<run>.log.
     let log = file.parent().expect("in the run's directory").with_extension("log");
+    println!("{label} log: {}", log.display());
     let child = spawn_logged(file, &["run"], &log);
     let m = measure(child, records, ticks, || outputs.count(), expected, Duration::from_secs(120 + records / 5_000));
     println!(

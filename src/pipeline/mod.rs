@@ -549,9 +549,9 @@ impl Pipeline {
     /// Applies one batch and makes it durable and published.
     fn process(&mut self, records: Vec<Record>, alive_at: Instant, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let started = Instant::now();
-        // How long the batch's oldest record had been in the log when the
-        // batch was taken (its timestamp against the clock): the input's
-        // share of event→verdict latency, logged with the batch.
+        // The age of the batch's oldest record when the batch was taken
+        // (its timestamp, the producer's create time, against the clock):
+        // the input's share of event→verdict latency, logged with the batch.
         let waited_ms = tracing::enabled!(tracing::Level::DEBUG)
             .then(|| records.iter().filter_map(|r| r.timestamp).min().map(|t| (self.clock)() - t))
             .flatten();

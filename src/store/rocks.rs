@@ -250,7 +250,10 @@ impl Store {
             if looked_up {
                 // The same for the memtables: a lookup of a key not stored
                 // yet otherwise walks each memtable's skip list, comparing
-                // keys all the way down.
+                // keys all the way down. (RocksDB's MultiGet skips the filter
+                // of a memtable that holds a range delete, such as a
+                // partition forgotten or restored: correct, just slower
+                // until that memtable is flushed.)
                 cf.set_memtable_whole_key_filtering(true);
                 cf.set_memtable_prefix_bloom_ratio(0.05);
             }
