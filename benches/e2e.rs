@@ -451,6 +451,22 @@ fn latency_rate(pipeline: &Measured) -> f64 {
 /// How long after the latency step's start its first record is due.
 const PUBLISH_LEAD: Duration = Duration::from_secs(2);
 
+/// Publishes the workload `opts` paced, on a thread of its own; the flag
+/// is set once everything is acknowledged.
+fn publish_paced(
+    cfg: Config,
+    opts: Options,
+) -> (std::thread::JoinHandle<(loadgen::Published, loadgen::truth::GroundTruth)>, Arc<AtomicBool>) {
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    let publisher = std::thread::spawn(move || {
+        let r = loadgen::publish(&cfg, Generator::new(opts), true, false);
+        flag.store(true, Ordering::SeqCst);
+        r.unwrap()
+    });
+    (publisher, done)
+}
+
 /// The `p` quantile of sorted `v` (-1 when empty).
 fn percentile(v: &[i64], p: f64) -> i64 {
     v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(-1)
@@ -484,13 +500,7 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> Vec<i64> {
     args.seed = 4;
     let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
-    let done = Arc::new(AtomicBool::new(false));
-    let flag = done.clone();
-    let publisher = std::thread::spawn(move || {
-        let r = loadgen::publish(&cfg, Generator::new(opts), true, false);
-        flag.store(true, Ordering::SeqCst);
-        r.unwrap()
-    });
+    let (publisher, done) = publish_paced(cfg, opts);
     use rdkafka::Message;
     let codec = Codec::new();
     let mut lat = Vec::new();
@@ -550,14 +560,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     // latency.
     let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
-    let done = Arc::new(AtomicBool::new(false));
-    let flag = done.clone();
-    let pub_cfg = cfg.clone();
-    let publisher = std::thread::spawn(move || {
-        let r = loadgen::publish(&pub_cfg, Generator::new(opts), true, false);
-        flag.store(true, Ordering::SeqCst);
-        r.unwrap()
-    });
+    let (publisher, done) = publish_paced(cfg.clone(), opts);
     let codec = Codec::new();
     let mut lat: Vec<i64> = Vec::new();
     let mut seen = skip;
