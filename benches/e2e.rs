@@ -9,9 +9,10 @@
 //! 3. runs the bare rdkafka passthrough (`reconciler loadgen passthrough`)
 //!    over the same topic as the baseline, measured the same way;
 //! 4. measures the input's own path at half the measured rate (loadgen to
-//!    a bare consumer, event time = send time: the broker's floor), then
-//!    runs a fresh pipeline while loadgen publishes at that rate, and
-//!    reports p50/p99 event→verdict latency next to the floor.
+//!    a bare consumer, event time = send time: the floor of producer,
+//!    broker and fetch), then runs a fresh pipeline while loadgen publishes
+//!    at that rate, and reports p50/p99 event→verdict latency next to the
+//!    floor.
 //!
 //! Each pipeline's log goes to /tmp/<run>.log (<run>-eos.log,
 //! <run>-lat.log), kept:
