@@ -48,6 +48,8 @@ fn dir_bytes(p: &std::path::Path) -> u64 {
 }
 
 fn main() {
+    // As the binary does first (src/main.rs), so the figures are the binary's.
+    reconciler::process::disable_transparent_huge_pages().expect("prctl(PR_SET_THP_DISABLE)");
     let env = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let operations = env("REBUILD_OPERATIONS", 1_000_000) as u64;
     let partitions = env("REBUILD_PARTITIONS", 6).max(1) as i32;

@@ -78,6 +78,8 @@ fn held(store: &Store, dir: &std::path::Path, partitions: i32) -> Held {
 }
 
 fn main() {
+    // As the binary does first (src/main.rs), so the figures are the binary's.
+    reconciler::process::disable_transparent_huge_pages().expect("prctl(PR_SET_THP_DISABLE)");
     let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let operations = env("RETENTION_OPERATIONS", 2_000_000);
     let window = env("RETENTION_WINDOW_MS", 10_000) as i64;

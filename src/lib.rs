@@ -23,6 +23,8 @@
 //!   exponential back-off with jitter (pure).
 //! - [`codec`]: Avro single-object encoding against the schemas in `schemas/`.
 //! - [`config`]: the configuration file, its defaults and checks.
+//! - [`process`]: process-wide settings the binary applies first
+//!   (transparent huge pages off).
 //! - [`records`]: the shapes every layer passes (a consumed record, a record
 //!   to publish); where an input record is decoded (or dead-lettered) and
 //!   outputs become records.
@@ -85,6 +87,8 @@ pub(crate) mod parallel;
 pub mod pipeline;
 #[cfg(feature = "io")]
 pub mod probe;
+#[cfg(feature = "io")]
+pub mod process;
 #[cfg(feature = "io")]
 pub mod records;
 #[cfg(feature = "io")]

@@ -303,6 +303,9 @@ fn main() -> ExitCode {
     // Crash points armed by FAILPOINTS (test builds only; see src/pipeline/faults.rs).
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
+    // Before the work allocates: huge pages cost the pipeline a fifth of its
+    // CPU in page zeroing (src/process.rs says why).
+    let huge_pages = reconciler::process::disable_transparent_huge_pages();
     let cli = Cli::parse();
     // The demo's output is its summary; the pipeline's own lines would bury it.
     // Operator tools print their result on stdout; their logs would clutter it.
@@ -314,6 +317,9 @@ fn main() -> ExitCode {
         _ => "warn",
     };
     init_logging(cli.log_format, default);
+    if let Err(e) = huge_pages {
+        tracing::debug!("transparent huge pages stay as the kernel set them: {e}");
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
