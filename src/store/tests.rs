@@ -351,3 +351,45 @@ fn a_restore_rebuilds_the_timer_index_across_its_chunks() {
         assert_eq!(timers(&store), want, "chunks of {chunk} bytes");
     }
 }
+
+/// Looking for due timers does not step over deleted timers that are not
+/// due yet: timers are put and deleted all the time, and without an upper
+/// bound the iterator walked every deleted future timer of the partition
+/// on each tick (200,000 of them took 15 ms per look).
+#[test]
+fn due_timers_do_not_walk_deleted_future_timers() {
+    let dir = temp("store-timers-tombstones");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let timer = |at: i64, op: &str| TimerEntry {
+        at,
+        operation_id: op.into(),
+        entity_id: "e".into(),
+        operation_type: "t".into(),
+    };
+    let future = 10_000;
+    let mut b = Batch::default();
+    b.timers_added.push((0, timer(100, "due")));
+    for i in 0..future {
+        b.timers_added.push((0, timer(1_000 + i, &format!("op-{i}"))));
+    }
+    b.timers_added.push((0, timer(1_000_000, "live-later")));
+    store.commit(b).unwrap();
+    let mut b = Batch::default();
+    for i in 0..future {
+        b.timers_removed.push((0, 1_000 + i, format!("op-{i}")));
+    }
+    store.commit(b).unwrap();
+
+    rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::EnableCount);
+    let mut perf = rocksdb::perf::PerfContext::default();
+    perf.reset();
+    let due = store.due_timers(0, 500, 100).unwrap();
+    let skipped = perf.metric(rocksdb::perf::PerfMetric::InternalDeleteSkippedCount);
+    rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::Disable);
+
+    assert_eq!(due.iter().map(|t| t.operation_id.as_str()).collect::<Vec<_>>(), ["due"]);
+    assert!(skipped < 10, "stepped over {skipped} deleted timers that were not due");
+    // Later, the live timer past the deleted ones is still found.
+    let due = store.due_timers(0, 2_000_000, 100).unwrap();
+    assert_eq!(due.iter().map(|t| t.operation_id.as_str()).collect::<Vec<_>>(), ["due", "live-later"]);
+}
