@@ -303,7 +303,7 @@ fn main() -> ExitCode {
     // Crash points armed by FAILPOINTS (test builds only; see src/pipeline/faults.rs).
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
-    // Before the work allocates: huge pages cost the pipeline a fifth of its
+    // Before the work allocates: huge pages cost a short run a fifth of its
     // CPU in page zeroing (src/process.rs says why).
     let huge_pages = reconciler::process::disable_transparent_huge_pages();
     let cli = Cli::parse();
