@@ -425,18 +425,16 @@ impl Store {
         let start = keys::partition_prefix(partition);
         let upper = keys::timer_upper(partition, now);
         let mut out = Vec::new();
-        // The bound, not only the check below: timers are put and deleted
-        // all the time, and without it an iterator that finds nothing due
-        // steps over every deleted timer of the partition, due or not,
-        // until it reaches a live key (or the next partition's).
+        // An upper bound rather than a check of each key: timers are put and
+        // deleted all the time, and without the bound an iterator that
+        // finds nothing due steps over every deleted timer of the
+        // partition, due or not, until it reaches a live key (or the next
+        // partition's).
         let mut bounded = rocksdb::ReadOptions::default();
-        bounded.set_iterate_upper_bound(upper.clone());
+        bounded.set_iterate_upper_bound(upper);
         let it = self.db.iterator_cf_opt(self.cf(TIMERS), bounded, IteratorMode::From(&start, Direction::Forward));
-        for item in it {
-            let (k, v) = item?;
-            if k.as_ref() >= upper.as_slice() || out.len() >= limit {
-                break;
-            }
+        for item in it.take(limit) {
+            let (_, v) = item?;
             out.push(decode("timer", &v)?);
         }
         Ok(out)
