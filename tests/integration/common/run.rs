@@ -292,19 +292,23 @@ impl Nudger {
 /// join and leave make the group form again. It commits nothing and
 /// consumes nothing.
 pub fn nudge_group(cfg: &Config) {
+    nudge(cfg, &cfg.consumer.group_id, &cfg.topics.events);
+}
+
+/// [`nudge_group`] for any group of `cfg`'s cluster: a visitor joins
+/// `group` on `topic` and leaves (the probe workers' group reads the
+/// commands topic).
+pub fn nudge(cfg: &Config, group: &str, topic: &str) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     // A visitor of its own: with the instances' static membership id it
     // would take an instance's place in the group.
     let mut kafka = cfg.kafka.clone();
     kafka.remove("group.instance.id");
-    let c: BaseConsumer = reconciler::kafka::client_config(
-        &[],
-        &kafka,
-        &[("group.id", cfg.consumer.group_id.as_str()), ("enable.auto.commit", "false")],
-    )
-    .create()
-    .unwrap();
-    c.subscribe(&[&cfg.topics.events]).unwrap();
+    let c: BaseConsumer =
+        reconciler::kafka::client_config(&[], &kafka, &[("group.id", group), ("enable.auto.commit", "false")])
+            .create()
+            .unwrap();
+    c.subscribe(&[topic]).unwrap();
     let until = Instant::now() + Duration::from_secs(15);
     while Instant::now() < until && c.assignment().map_or(0, |a| a.count()) == 0 {
         c.poll(Duration::from_millis(100));
