@@ -16,6 +16,7 @@
 //!   REBUILD_THREADS=1 cargo bench --bench rebuild
 //!   REBUILD_OUTPUTS=1 cargo bench --bench rebuild   # as `replay --output-prefix`,
 //!                                                  # and counts the changelog records
+//!   REBUILD_SIZES=1 cargo bench --bench rebuild     # bytes stored per family and key
 //!   REBUILD_BLOCK_CACHE_MB=128 REBUILD_OPERATIONS=1000000 cargo bench --bench rebuild
 
 use std::collections::BTreeMap;
@@ -160,6 +161,35 @@ fn main() {
         tuning.write_buffer_mb,
         dir_bytes(&dir) / (1 << 20)
     );
+    // REBUILD_SIZES=1: what the store holds per family, and how an
+    // operation's value divides between its state and its inline timeline
+    // entries (the bytes every write of it costs: write-ahead log, flush,
+    // changelog record).
+    if env("REBUILD_SIZES", 0) != 0 {
+        let mut families: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        store
+            .scan_partitions_state(|family, k, v| {
+                let e = families.entry(family.to_owned()).or_default();
+                e.0 += 1;
+                e.1 += (k.len() + v.len()) as u64;
+            })
+            .unwrap();
+        let mut state_bytes = 0u64;
+        store.scan_state(|family, _, v| state_bytes += if family == "ops" { v.len() as u64 } else { 0 }).unwrap();
+        for (family, (n, bytes)) in &families {
+            println!(
+                "stored {family}: {n} keys, {:.1} MB, {:.0} bytes per key",
+                *bytes as f64 / 1e6,
+                *bytes as f64 / (*n).max(1) as f64
+            );
+        }
+        if let Some((n, _)) = families.get("ops") {
+            println!(
+                "operation values: state {:.0} bytes per operation on average",
+                state_bytes as f64 / (*n).max(1) as f64
+            );
+        }
+    }
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }

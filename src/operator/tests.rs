@@ -130,6 +130,14 @@ fn explain_shows_redeliveries_and_held_events_in_arrival_order() {
     assert_eq!(x.timeline[3].entry.verdicts[0].trigger_event_id, "e3");
     assert!(x.timeline[1].entry.anomalies.iter().any(|a| a.kind.as_str() == "OUT_OF_ORDER"));
     assert!(x.timeline[2].entry.anomalies.iter().any(|a| a.kind.as_str() == "DUPLICATE_DELIVERY"));
+    // Each names its entry's own event (which the stored entry leaves
+    // implicit), and the body's fields read back as one line.
+    assert!(x.timeline[1].entry.anomalies.iter().all(|a| a.event_id == "e3"));
+    assert!(x.timeline[2].entry.anomalies.iter().all(|a| a.event_id == "e1"));
+    assert_eq!(
+        (x.timeline[3].entry.body.as_str(), x.timeline[3].entry.summary.as_str()),
+        ("Started", "attempt 1 by w")
+    );
     assert_eq!(x.expected.as_ref().unwrap().version, Some(7));
     assert_eq!(x.observed.version, Some(7));
     assert!(explain(&h.store, "op-unknown").unwrap().is_none());

@@ -14,6 +14,7 @@ mod encoded;
 mod keys;
 mod restoring;
 mod rocks;
+mod summary;
 pub mod timeline;
 
 pub use claims::Claims;
@@ -127,15 +128,9 @@ impl Batch {
         self.outbox.push(record);
     }
 
-    /// Records a timeline entry out of its operation's value (its ring
-    /// slot is `entry.ordinal` modulo [`timeline::TIMELINE_CAP`]).
-    pub fn add_timeline(&mut self, partition: i32, operation_id: &str, entry: &TimelineEntry) {
-        let value = postcard::to_allocvec(entry).expect("timeline entries serialize");
-        self.add_timeline_value(partition, operation_id, entry.ordinal, value);
-    }
-
-    /// Records a timeline entry already serialized as a [`TimelineEntry`]
-    /// with ordinal `ordinal`.
+    /// Records a timeline entry out of its operation's value, already
+    /// serialized (see [`timeline::entry_value`]), in ring slot `ordinal`
+    /// modulo [`timeline::TIMELINE_CAP`].
     pub fn add_timeline_value(&mut self, partition: i32, operation_id: &str, ordinal: u64, value: Vec<u8>) {
         let key = keys::timeline_entry(partition, operation_id, (ordinal % timeline::TIMELINE_CAP) as u32);
         self.timeline.push((key, value));

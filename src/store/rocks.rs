@@ -97,8 +97,11 @@ pub enum StoreError {
 /// requeue counts, scheduled retries and supersession in the operation;
 /// operation counts and open operations in the entity. 4: an operation's
 /// latest timeline entries in its value (see [`super::timeline`]), and no
-/// timers in the changelog (see [`super::changelog`]).
-pub(super) const FORMAT: u32 = 4;
+/// timers in the changelog (see [`super::changelog`]). 5: a timeline
+/// entry stores its body's fields, not their rendered summary, and names
+/// its verdicts' and anomalies' event only when that is not its own (see
+/// [`super::summary`]).
+pub(super) const FORMAT: u32 = 5;
 
 /// The size of a store ([`Store::size`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -136,6 +139,12 @@ pub struct Store {
 
 /// A key and a value, as a write batch takes them.
 pub(super) type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// A stored timeline entry, as readers see it.
+fn decode_entry(bytes: &[u8]) -> Result<TimelineEntry, StoreError> {
+    super::timeline::decode_entry(bytes)
+        .map_err(|e| StoreError::Corrupt { what: "timeline entry", reason: e.to_string() })
+}
 
 fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
     postcard::from_bytes(bytes).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() })
@@ -577,7 +586,7 @@ impl Store {
                 if k.as_ref() >= end.as_slice() {
                     break;
                 }
-                let entry: TimelineEntry = decode("timeline entry", &v)?;
+                let entry = decode_entry(&v)?;
                 // A slot may still hold an entry the ring has moved past.
                 if retained.contains(&entry.ordinal) {
                     entries.push(entry);
@@ -586,7 +595,7 @@ impl Store {
             entries.sort_by_key(|e| e.ordinal);
         }
         for v in &head.latest {
-            entries.push(decode("timeline entry", v)?);
+            entries.push(decode_entry(v)?);
         }
         Ok(Timeline { total: head.total, entries })
     }

@@ -154,27 +154,17 @@ fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
     let dir = temp("store-ring");
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let ev = Event::deadline_reached("op-1", "ent-1", "sync", 5);
-    let entry = |ordinal: u64| TimelineEntry {
-        ordinal,
-        partition: 0,
-        offset: ordinal as i64,
-        event_id: format!("e{ordinal}"),
-        seq: None,
-        body: "DeadlineReached".into(),
-        occurred_at: 5,
-        producer: "p".into(),
-        disposition: Disposition::Applied,
-        summary: String::new(),
-        anomalies: Vec::new(),
-        verdicts: Vec::new(),
-        manual: None,
+    let policy = crate::core::Policy::default();
+    let entry = |ordinal: u64| {
+        let a = timeline::Arrival::of(&ev, crate::core::SourcePos { partition: 0, offset: ordinal as i64 }, &policy);
+        timeline::entry_value(ordinal, &a, Disposition::Applied, &[])
     };
     let mut batch = Batch::default();
     // Another operation's entries around it, so the batch really is sorted.
-    batch.add_timeline(0, "op-2", &entry(0));
-    batch.add_timeline(0, "op-1", &entry(3));
-    batch.add_timeline(0, "op-1", &entry(3 + timeline::TIMELINE_CAP));
-    batch.add_timeline(0, "op-0", &entry(0));
+    batch.add_timeline_value(0, "op-2", 0, entry(0));
+    batch.add_timeline_value(0, "op-1", 3, entry(3));
+    batch.add_timeline_value(0, "op-1", 3 + timeline::TIMELINE_CAP, entry(3 + timeline::TIMELINE_CAP));
+    batch.add_timeline_value(0, "op-0", 0, entry(0));
     batch.put_op(0, "op-1".into(), Some(OperationState::new(&ev)), TimelineHead::of_total(4 + timeline::TIMELINE_CAP));
     store.commit(batch).unwrap();
     let t = store.timeline(0, "op-1").unwrap();

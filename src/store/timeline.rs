@@ -23,12 +23,19 @@
 //! `ordinal mod TIMELINE_CAP`: a producer looping on one operation then
 //! writes one small entry per event there, and its operation's value stays
 //! bounded. Reading merges the two, oldest first.
+//!
+//! # What an entry stores
+//!
+//! Less than it shows: its body's fields rather than their one-line
+//! summary (see [`super::summary`]), and the event its anomalies and
+//! verdicts name only when that is not its own. Reading renders the
+//! summary and fills the ids in ([`TimelineEntry`] is what readers see).
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use super::summary::Fields;
 use super::Batch;
 use crate::core::event::{Body, Event, SourcePos};
 use crate::core::output::ManualDecisionRecord;
@@ -193,12 +200,11 @@ impl Timeline {
 #[derive(Debug, Clone)]
 pub struct Arrival {
     partition: i32,
-    /// The operation id, then the entry's fields from `partition` to
-    /// `producer` as [`crate::store::TimelineEntry`] serializes them, then
-    /// the summary.
+    /// The operation id, the event id, then the entry's fields from
+    /// `partition` to `fields` as [`StoredEntry`] reads them.
     buf: Vec<u8>,
     id_end: usize,
-    fields_end: usize,
+    event_end: usize,
     manual: Option<ManualDecisionRecord>,
 }
 
@@ -211,30 +217,31 @@ struct ArrivalFields<'a> {
     offset: i64,
     event_id: &'a str,
     seq: Option<i64>,
-    body: &'a str,
     occurred_at: i64,
     producer: &'a str,
+    fields: Fields<&'a str>,
 }
 
 /// The fields decided by the core, in the entry's order.
 #[derive(Serialize)]
 struct Decided<'a> {
     disposition: Disposition,
-    summary: &'a str,
     anomalies: Vec<AnomalyRef<'a>>,
     verdicts: Vec<VerdictRef<'a>>,
     manual: &'a Option<ManualDecisionRecord>,
 }
 
-/// [`crate::store::timeline::AnomalyNote`], borrowed.
+/// [`AnomalyNote`] as written: the event it flags only when that is not
+/// the entry's own (it nearly always is).
 #[derive(Serialize)]
 struct AnomalyRef<'a> {
     kind: AnomalyKind,
-    event_id: &'a str,
+    other_event_id: Option<&'a str>,
     detail: &'a str,
 }
 
-/// [`crate::store::timeline::VerdictNote`], borrowed.
+/// [`VerdictNote`] as written: its trigger only when that is not the
+/// entry's own event (an event released from the reorder buffer).
 #[derive(Serialize)]
 struct VerdictRef<'a> {
     verdict_id: &'a str,
@@ -242,7 +249,95 @@ struct VerdictRef<'a> {
     action: Action,
     state: Status,
     reason: &'a str,
-    trigger_event_id: &'a str,
+    other_trigger_event_id: Option<&'a str>,
+}
+
+/// An entry as stored: [`ArrivalFields`] and [`Decided`] after its ordinal,
+/// read back. [`StoredEntry::into_entry`] makes it the [`TimelineEntry`]
+/// readers see.
+#[derive(Deserialize)]
+struct StoredEntry {
+    ordinal: u64,
+    partition: i32,
+    offset: i64,
+    event_id: String,
+    seq: Option<i64>,
+    occurred_at: i64,
+    producer: String,
+    fields: Fields<String>,
+    disposition: Disposition,
+    anomalies: Vec<StoredAnomaly>,
+    verdicts: Vec<StoredVerdict>,
+    manual: Option<ManualDecisionRecord>,
+}
+
+/// [`AnomalyRef`] read back.
+#[derive(Deserialize)]
+struct StoredAnomaly {
+    kind: AnomalyKind,
+    other_event_id: Option<String>,
+    detail: String,
+}
+
+/// [`VerdictRef`] read back.
+#[derive(Deserialize)]
+struct StoredVerdict {
+    verdict_id: String,
+    outcome: Outcome,
+    action: Action,
+    state: Status,
+    reason: String,
+    other_trigger_event_id: Option<String>,
+}
+
+impl StoredEntry {
+    /// The entry as `explain` and the API show it: the body named and its
+    /// fields rendered, the omitted event ids filled in.
+    fn into_entry(self) -> TimelineEntry {
+        let own = &self.event_id;
+        TimelineEntry {
+            ordinal: self.ordinal,
+            partition: self.partition,
+            offset: self.offset,
+            seq: self.seq,
+            body: self.fields.body().to_owned(),
+            occurred_at: self.occurred_at,
+            producer: self.producer,
+            disposition: self.disposition,
+            summary: self.fields.render(),
+            anomalies: (self.anomalies.into_iter())
+                .map(|a| AnomalyNote {
+                    kind: a.kind,
+                    event_id: a.other_event_id.unwrap_or_else(|| own.clone()),
+                    detail: a.detail,
+                })
+                .collect(),
+            verdicts: (self.verdicts.into_iter())
+                .map(|v| VerdictNote {
+                    verdict_id: v.verdict_id,
+                    outcome: v.outcome,
+                    action: v.action,
+                    state: v.state,
+                    reason: v.reason,
+                    trigger_event_id: v.other_trigger_event_id.unwrap_or_else(|| own.clone()),
+                })
+                .collect(),
+            manual: self.manual,
+            event_id: self.event_id,
+        }
+    }
+}
+
+/// Reads a stored timeline entry (from an operation's value or the
+/// timeline family).
+pub(super) fn decode_entry(bytes: &[u8]) -> Result<TimelineEntry, postcard::Error> {
+    postcard::from_bytes::<StoredEntry>(bytes).map(StoredEntry::into_entry)
+}
+
+/// `id`, unless it is `own` (the entry's event, which the entry names
+/// already).
+fn other_than<'x>(id: &'x str, own: &str) -> Option<&'x str> {
+    (id != own).then_some(id)
 }
 
 fn serialize_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) {
@@ -262,6 +357,11 @@ impl Arrival {
         std::str::from_utf8(&self.buf[..self.id_end]).expect("copied from a str")
     }
 
+    /// The event the entry is of.
+    fn event_id(&self) -> &str {
+        std::str::from_utf8(&self.buf[self.id_end..self.event_end]).expect("copied from a str")
+    }
+
     /// Takes what the timeline needs of `ev` (the decision note redacted as
     /// the core redacts it).
     pub fn of(ev: &Event, pos: SourcePos, policy: &Policy) -> Arrival {
@@ -274,112 +374,42 @@ impl Arrival {
             }),
             _ => None,
         };
-        let mut buf = Vec::with_capacity(ev.operation_id.len() + ev.event_id.len() + ev.producer.len() + 128);
-        buf.extend_from_slice(ev.operation_id.as_bytes());
-        let id_end = buf.len();
         let fields = ArrivalFields {
             partition: pos.partition,
             offset: pos.offset,
             event_id: &ev.event_id,
             seq: ev.seq,
-            body: ev.body.name(),
             occurred_at: ev.occurred_at,
             producer: &ev.producer,
+            fields: Fields::of(&ev.body),
         };
-        serialize_into(&mut buf, &fields);
-        let fields_end = buf.len();
-        write_summary(&mut buf, &ev.body);
-        Arrival { partition: pos.partition, buf, id_end, fields_end, manual }
+        Arrival::with(&ev.operation_id, &fields, manual)
     }
-}
 
-impl Arrival {
     /// The entry a superseded operation gets: the newer operation's request
     /// (its record, in the older one's timeline) and what it replaced.
     pub fn superseded(s: &Supersede) -> Arrival {
-        let mut buf = Vec::with_capacity(s.operation_id.len() + s.trigger_event_id.len() + 128);
-        buf.extend_from_slice(s.operation_id.as_bytes());
-        let id_end = buf.len();
         let fields = ArrivalFields {
             partition: s.pos.partition,
             offset: s.pos.offset,
             event_id: &s.trigger_event_id,
             seq: None,
-            body: "Requested",
             occurred_at: s.at,
             producer: "reconciler",
+            fields: Fields::superseded(s),
         };
-        serialize_into(&mut buf, &fields);
-        let fields_end = buf.len();
-        let by = &s.by;
-        let version = by.expected_version.map_or_else(|| "-".to_owned(), |v| v.to_string());
-        let _ = write!(Text(&mut buf), "superseded by operation {} (version {version})", by.operation_id);
-        Arrival { partition: s.pos.partition, buf, id_end, fields_end, manual: None }
+        Arrival::with(&s.operation_id, &fields, None)
     }
-}
 
-/// Appends formatted text to a byte buffer through `fmt::Write` (the
-/// `io::Write` route to a `Vec<u8>` cost twice as much per record).
-struct Text<'a>(&'a mut Vec<u8>);
-
-impl std::fmt::Write for Text<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
+    fn with(operation_id: &str, fields: &ArrivalFields<'_>, manual: Option<ManualDecisionRecord>) -> Arrival {
+        let mut buf = Vec::with_capacity(operation_id.len() + 2 * fields.event_id.len() + fields.producer.len() + 64);
+        buf.extend_from_slice(operation_id.as_bytes());
+        let id_end = buf.len();
+        buf.extend_from_slice(fields.event_id.as_bytes());
+        let event_end = buf.len();
+        serialize_into(&mut buf, fields);
+        Arrival { partition: fields.partition, buf, id_end, event_end, manual }
     }
-}
-
-/// Appends the structured fields of a body in one line to `out`. Free text
-/// that may carry personal data (`detail`, `evidence_ref`) is left out.
-fn write_summary(out: &mut Vec<u8>, body: &Body) {
-    let out = &mut Text(out);
-    struct Opt<T>(Option<T>);
-    impl<T: std::fmt::Display> std::fmt::Display for Opt<T> {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            match &self.0 {
-                Some(v) => v.fmt(f),
-                None => f.write_str("-"),
-            }
-        }
-    }
-    let written = match body {
-        Body::Requested(r) => write!(
-            out,
-            "expects version {} fingerprint {}; {}idempotent; key {}; to {}",
-            Opt(r.expected_version),
-            Opt(r.expected_fingerprint.as_deref()),
-            if r.idempotent { "" } else { "not " },
-            Opt(r.idempotency_key.as_deref()),
-            r.destination
-        ),
-        Body::Started { attempt, worker } => write!(out, "attempt {attempt} by {worker}"),
-        Body::AttemptFailed { attempt, error_class, error_code, next_attempt_at, .. } => {
-            write!(out, "attempt {attempt} failed {error_class:?} ({error_code})").and_then(
-                |()| match next_attempt_at {
-                    Some(t) => write!(out, "; next attempt at {}", crate::clock::format_time(*t)),
-                    None => Ok(()),
-                },
-            )
-        }
-        Body::OutcomeUnknown { attempt, .. } => write!(out, "attempt {attempt}: outcome unknown"),
-        Body::EffectObserved(o) => write!(
-            out,
-            "{:?} saw remote id {} version {} fingerprint {}",
-            o.source,
-            Opt(o.remote_id.as_deref()),
-            Opt(o.observed_version),
-            Opt(o.observed_fingerprint.as_deref())
-        ),
-        Body::EffectAbsent { source, .. } => write!(out, "{source:?} found no effect"),
-        Body::Compensated { actor, reason } => write!(out, "compensated by {actor}: {reason}"),
-        Body::Cancelled { reason } => write!(out, "cancelled: {reason}"),
-        Body::ManualDecision { actor, decision, .. } => write!(out, "{} by {actor}", decision.as_str()),
-        Body::DeadlineReached { deadline } => write!(out, "deadline {deadline} reached"),
-        Body::ProbeFailed { attempt, error_class, detail } => {
-            write!(out, "probe failed after {attempt} attempt(s): {} ({detail})", error_class.as_str())
-        }
-    };
-    written.expect("writing to a vector");
 }
 
 /// Records what became of arrival `a` (its disposition and the outputs its
@@ -399,30 +429,41 @@ pub fn record(
     if !exists {
         return;
     }
+    let value = entry_value(head.total, &a, disposition, outputs);
+    for (ordinal, out) in head.push(value) {
+        batch.add_timeline_value(a.partition, a.operation_id(), ordinal, out);
+    }
+}
+
+/// The stored entry of ordinal `ordinal`: arrival `a`, its disposition
+/// and the outputs its processing produced.
+pub(crate) fn entry_value(ordinal: u64, a: &Arrival, disposition: Disposition, outputs: &[Output]) -> Vec<u8> {
+    let own = a.event_id();
     let mut anomalies = Vec::new();
     let mut verdicts = Vec::new();
     for o in outputs {
         match o {
-            Output::Anomaly(x) => anomalies.push(AnomalyRef { kind: x.kind, event_id: &x.event_id, detail: &x.detail }),
+            Output::Anomaly(x) => anomalies.push(AnomalyRef {
+                kind: x.kind,
+                other_event_id: other_than(&x.event_id, own),
+                detail: &x.detail,
+            }),
             Output::Verdict(v) => verdicts.push(VerdictRef {
                 verdict_id: &v.verdict_id,
                 outcome: v.outcome,
                 action: v.action,
                 state: v.state,
                 reason: &v.reason,
-                trigger_event_id: &v.trigger_event_id,
+                other_trigger_event_id: other_than(&v.trigger_event_id, own),
             }),
             Output::Command(_) => {}
         }
     }
-    let summary = std::str::from_utf8(&a.buf[a.fields_end..]).expect("formatted text");
-    let decided = Decided { disposition, summary, anomalies, verdicts, manual: &a.manual };
-    // The entry: its ordinal, then the fields taken on arrival, then these.
-    let mut value = Vec::with_capacity(a.buf.len() + 64);
-    serialize_into(&mut value, &head.total);
-    value.extend_from_slice(&a.buf[a.id_end..a.fields_end]);
+    let decided = Decided { disposition, anomalies, verdicts, manual: &a.manual };
+    // Its ordinal, then the fields taken on arrival, then these.
+    let mut value = Vec::with_capacity(a.buf.len() - a.event_end + 64);
+    serialize_into(&mut value, &ordinal);
+    value.extend_from_slice(&a.buf[a.event_end..]);
     serialize_into(&mut value, &decided);
-    for (ordinal, out) in head.push(value) {
-        batch.add_timeline_value(a.partition, a.operation_id(), ordinal, out);
-    }
+    value
 }
