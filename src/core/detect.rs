@@ -142,9 +142,10 @@ pub fn apply(
             slot.insert(OperationState::new(&ev))
         }
     };
-    if !op.seen_event_ids.insert(ev.event_id.clone()) {
+    if op.has_taken_in(&ev.event_id) {
         return Step::only(duplicate_delivery(op, &ev, pos, out));
     }
+    op.seen_event_ids.insert(ev.event_id.clone());
     let at = ev.occurred_at;
     // Event time moves with every event: give up gaps whose window closed.
     expire_held(op, policy, entity, at, pos, out);
@@ -344,7 +345,14 @@ fn apply_now(
     let from = op.status;
     let ok = op.transition(policy, entity, &ev, pos, out);
     if let Some(s) = ev.seq {
-        op.applied_seqs.insert(s, SeqRecord { event_id: ev.event_id.clone(), body_hash: hash });
+        // The id moves from the ids taken in to its revision's record: each
+        // id is stored once (see `OperationState::seen_event_ids`).
+        let event_id = op.seen_event_ids.take(&ev.event_id).unwrap_or_else(|| ev.event_id.clone());
+        if let Some(replaced) = op.applied_seqs.insert(s, SeqRecord { event_id, body_hash: hash }) {
+            // Not reached (a claimed revision is never applied again), but an
+            // id must not be forgotten if it were.
+            op.seen_event_ids.insert(replaced.event_id);
+        }
         op.next_seq = op.next_seq.max(s.saturating_add(1));
     }
     op.last_event_at = op.last_event_at.max(ev.occurred_at);

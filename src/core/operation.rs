@@ -100,7 +100,12 @@ pub struct OperationState {
     /// What claimed each applied seq: tells a duplicate emission from a
     /// conflicting transition, and names the gaps of a SEQ_GAP.
     pub applied_seqs: BTreeMap<i64, SeqRecord>,
-    /// Every event id taken in (applied, held or flagged): layer-1 dedup.
+    /// The ids of the events taken in (held, flagged, or applied without a
+    /// seq) that `applied_seqs` does not name: with those, every event id
+    /// taken in, each stored once (layer-1 dedup,
+    /// [`OperationState::has_taken_in`]). Each is written with the state
+    /// at every batch that touches the operation, so storing the applied
+    /// ones twice cost bytes in every write.
     pub seen_event_ids: BTreeSet<String>,
     /// The reorder buffer, in arrival order.
     pub held: Vec<HeldEvent>,
@@ -273,6 +278,14 @@ impl std::fmt::Display for DecisionRefusal {
 }
 
 impl OperationState {
+    /// Whether an event with id `event_id` was taken in already: applied at
+    /// a revision, or held, flagged or applied without one. The revisions
+    /// are scanned (an operation has a handful; its whole state is
+    /// serialized at each batch anyway).
+    pub fn has_taken_in(&self, event_id: &str) -> bool {
+        self.seen_event_ids.contains(event_id) || self.applied_seqs.values().any(|r| r.event_id == event_id)
+    }
+
     /// Whether `decision` may be applied now (see [`DecisionRefusal`]).
     pub fn check_decision(&self, decision: Decision) -> Result<(), DecisionRefusal> {
         if !self.is_open() {

@@ -100,7 +100,8 @@ pub enum StoreError {
 /// timers in the changelog (see [`super::changelog`]). 5: a timeline
 /// entry stores its body's fields, not their rendered summary, and names
 /// its verdicts' and anomalies' event only when that is not its own (see
-/// [`super::summary`]).
+/// [`super::summary`]); an operation keeps an applied event's id once, in
+/// its revision's record (`OperationState::seen_event_ids`).
 pub(super) const FORMAT: u32 = 5;
 
 /// The size of a store ([`Store::size`]).
