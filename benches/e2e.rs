@@ -32,6 +32,8 @@
 //! settings for every instance of the run (experiments).
 //! E2E_LATENCY_RATE=<records/s>: the latency step's rate (default half the
 //! pipeline's measured rate; fixed, binaries compare at one rate).
+//! E2E_LATENCY_DUMP=<file>: each verdict of the latency step as a line
+//! "<produced at, ms since the epoch> <latency ms>" (the tail, by time).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -564,6 +566,8 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     let (publisher, done) = publish_paced(cfg.clone(), opts);
     let codec = Codec::new();
     let mut lat: Vec<i64> = Vec::new();
+    // (when produced, latency) of each verdict, for E2E_LATENCY_DUMP.
+    let mut timed: Vec<(i64, i64)> = Vec::new();
     let mut seen = skip;
     let mut quiet_since: Option<Instant> = None;
     let ticks = clock_ticks();
@@ -580,6 +584,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
             let produced = r.timestamp.unwrap_or(now);
             if v.decided_at >= run_start && !v.trigger_event_id.starts_with("deadline:") && v.decided_at <= produced {
                 lat.push(produced - v.decided_at);
+                timed.push((produced, produced - v.decided_at));
             }
         }
         seen = reader.records.len();
@@ -595,6 +600,14 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     }
     let published = publisher.join().unwrap().0;
     stop(&mut child);
+    if let Ok(path) = std::env::var("E2E_LATENCY_DUMP") {
+        // One line per verdict: when it was produced (ms since the epoch)
+        // and its event→verdict latency, to line slow ones up with the
+        // pipeline's batch log.
+        let lines: String = timed.iter().map(|(at, ms)| format!("{at} {ms}\n")).collect();
+        std::fs::write(&path, lines).expect("writing E2E_LATENCY_DUMP");
+        println!("latency:     each verdict's production time and latency: {path}");
+    }
     lat.sort_unstable();
     let pct = |p: f64| percentile(&lat, p);
     println!(

@@ -30,7 +30,7 @@ use rdkafka::producer::Producer;
 use tracing::warn;
 
 use super::consumer::offsets_list;
-use super::producer::Publisher;
+use super::producer::{Publisher, PIPELINE_LINGER};
 use super::KafkaError;
 use crate::records::OutboxRecord;
 
@@ -101,8 +101,12 @@ impl Transactions {
         transactional_id: &str,
         retry_for: Duration,
     ) -> Result<Transactions, KafkaError> {
-        let publisher =
-            Arc::new(Publisher::with_required(kafka, max_message_bytes, &[("transactional.id", transactional_id)])?);
+        let publisher = Arc::new(Publisher::with_required(
+            kafka,
+            max_message_bytes,
+            &[PIPELINE_LINGER],
+            &[("transactional.id", transactional_id)],
+        )?);
         let t = Transactions {
             publisher,
             id: transactional_id.to_owned(),

@@ -297,7 +297,7 @@ impl Pipeline {
         };
         let publisher = match &txn {
             Some(t) => t.publisher(),
-            None => Arc::new(Publisher::new(&cfg.kafka, max_bytes)?),
+            None => Arc::new(Publisher::for_pipeline(&cfg.kafka, max_bytes)?),
         };
         let metrics = Arc::new(Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types));
         // Each partition starts where its state says (the offsets live
