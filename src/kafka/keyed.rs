@@ -16,8 +16,8 @@ use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
-use super::producer::{PRODUCER_DEFAULTS, PRODUCER_REQUIRED};
-use super::{client_config, KafkaError};
+use super::producer::producer_config;
+use super::KafkaError;
 
 /// Publishes keyed records, each with its own acknowledgement.
 pub struct KeyedProducer {
@@ -36,12 +36,8 @@ impl KeyedProducer {
         max_message_bytes: usize,
         delivery_timeout: Duration,
     ) -> Result<KeyedProducer, KafkaError> {
-        let max = max_message_bytes.to_string();
         let timeout = delivery_timeout.as_millis().to_string();
-        let mut defaults = PRODUCER_DEFAULTS.to_vec();
-        defaults.push(("message.max.bytes", max.as_str()));
-        defaults.push(("message.timeout.ms", timeout.as_str()));
-        let producer = client_config(&defaults, kafka, &PRODUCER_REQUIRED)
+        let producer = producer_config(kafka, max_message_bytes, &[("message.timeout.ms", timeout.as_str())], &[])
             .create()
             .map_err(KafkaError::client("creating the relay's producer"))?;
         Ok(KeyedProducer { producer })

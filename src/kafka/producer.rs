@@ -96,7 +96,7 @@ pub struct Publisher {
 /// A producer's configuration: [`PRODUCER_DEFAULTS`], then `defaults`,
 /// then the `[kafka]` map `kafka` (the operator's word), then
 /// [`PRODUCER_REQUIRED`] and `required`.
-fn producer_config(
+pub(super) fn producer_config(
     kafka: &BTreeMap<String, String>,
     max_message_bytes: usize,
     defaults: &[(&str, &str)],
