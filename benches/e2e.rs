@@ -565,8 +565,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     let run_start = opts.start_ms;
     let (publisher, done) = publish_paced(cfg.clone(), opts);
     let codec = Codec::new();
-    let mut lat: Vec<i64> = Vec::new();
-    // (when produced, latency) of each verdict, for E2E_LATENCY_DUMP.
+    // (when produced, latency) of each verdict.
     let mut timed: Vec<(i64, i64)> = Vec::new();
     let mut seen = skip;
     let mut quiet_since: Option<Instant> = None;
@@ -583,7 +582,6 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
             // not event→verdict latencies.
             let produced = r.timestamp.unwrap_or(now);
             if v.decided_at >= run_start && !v.trigger_event_id.starts_with("deadline:") && v.decided_at <= produced {
-                lat.push(produced - v.decided_at);
                 timed.push((produced, produced - v.decided_at));
             }
         }
@@ -608,6 +606,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
         std::fs::write(&path, lines).expect("writing E2E_LATENCY_DUMP");
         println!("latency:     each verdict's production time and latency: {path}");
     }
+    let mut lat: Vec<i64> = timed.iter().map(|(_, ms)| *ms).collect();
     lat.sort_unstable();
     let pct = |p: f64| percentile(&lat, p);
     println!(

@@ -115,19 +115,19 @@ impl Publisher {
     /// A publisher for records of up to `max_message_bytes` (key, value
     /// and headers). librdkafka refuses larger ones before they are sent.
     pub fn new(kafka: &BTreeMap<String, String>, max_message_bytes: usize) -> Result<Publisher, KafkaError> {
-        Publisher::with_required(kafka, max_message_bytes, &[], &[])
+        Publisher::with_settings(kafka, max_message_bytes, &[], &[])
     }
 
     /// The pipeline's publisher: [`Publisher::new`] with
     /// [`PIPELINE_LINGER`].
     pub fn for_pipeline(kafka: &BTreeMap<String, String>, max_message_bytes: usize) -> Result<Publisher, KafkaError> {
-        Publisher::with_required(kafka, max_message_bytes, &[PIPELINE_LINGER], &[])
+        Publisher::with_settings(kafka, max_message_bytes, &[PIPELINE_LINGER], &[])
     }
 
     /// A publisher whose producer also has the defaults `defaults` (which
     /// `kafka` may override) and the settings `required` (the
     /// transactional id of [`super::transaction::Transactions`]).
-    pub(super) fn with_required(
+    pub(super) fn with_settings(
         kafka: &BTreeMap<String, String>,
         max_message_bytes: usize,
         defaults: &[(&str, &str)],

@@ -101,7 +101,7 @@ impl Transactions {
         transactional_id: &str,
         retry_for: Duration,
     ) -> Result<Transactions, KafkaError> {
-        let publisher = Arc::new(Publisher::with_required(
+        let publisher = Arc::new(Publisher::with_settings(
             kafka,
             max_message_bytes,
             &[PIPELINE_LINGER],
