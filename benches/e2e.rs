@@ -52,7 +52,7 @@ use reconciler::loadgen::{self, EventTime, Generator, Options, Workload};
 
 #[path = "support/proc_stats.rs"]
 mod proc_stats;
-use proc_stats::{clock_ticks, sample, ProcSample};
+use proc_stats::{clock_ticks, sample, ProcSample, ThreadCpu};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -69,7 +69,7 @@ fn binary() -> PathBuf {
 
 /// Counts the records of a topic by reading it (tansu's memory engine
 /// reports high watermarks that lag what it holds, so they cannot be used).
-/// The same counter watches the pipeline and the passthrough.
+/// It watches the pipeline's outputs (the passthrough reports its own end).
 struct Counter {
     consumer: BaseConsumer,
     n: i64,
@@ -221,6 +221,11 @@ struct Measured {
     /// From the first output to the end (without start-up and group join).
     busy: Duration,
     proc: ProcSample,
+    /// CPU by thread group (see [`ThreadCpu`]).
+    threads: ThreadCpu,
+    /// CPU seconds the harness itself used meanwhile (reading the outputs
+    /// to count them): taken from the same two cores.
+    harness_cpu_s: f64,
     stdout: String,
 }
 
@@ -246,11 +251,20 @@ fn measure(
     timeout: Duration,
 ) -> Measured {
     let began = Instant::now();
+    let harness_before = sample(std::process::id(), ticks).unwrap_or_default().cpu_s;
     let mut first_output: Option<Instant> = None;
     let mut last = ProcSample::default();
+    let mut threads = ThreadCpu::default();
+    let mut threads_read = Instant::now();
     loop {
         if let Some(s) = sample(child.id(), ticks) {
             last = s;
+        }
+        // Every thread's file a few times a second, not on every loop: the
+        // harness shares the cores with what it measures.
+        if threads_read.elapsed() >= Duration::from_millis(250) {
+            threads.sample(child.id(), ticks);
+            threads_read = Instant::now();
         }
         let n = progress();
         if std::env::var("E2E_DEBUG").is_ok() {
@@ -276,6 +290,8 @@ fn measure(
     if let Some(s) = sample(child.id(), ticks) {
         last = s;
     }
+    threads.sample(child.id(), ticks);
+    let harness_cpu_s = sample(std::process::id(), ticks).unwrap_or_default().cpu_s - harness_before;
     let busy = first_output.map_or(wall, |f| f.elapsed());
     let first_output = first_output.map(|f| f.duration_since(began));
     stop(&mut child);
@@ -284,7 +300,7 @@ fn measure(
         use std::io::Read;
         let _ = out.read_to_string(&mut stdout);
     }
-    Measured { records, wall, first_output, busy, proc: last, stdout }
+    Measured { records, wall, first_output, busy, proc: last, threads, harness_cpu_s, stdout }
 }
 
 /// Runs `reconciler run` with `file` until the outputs of `cfg` hold
@@ -316,6 +332,11 @@ fn run_pipeline(
         m.busy_rate(),
         m.cpu_per_million(),
         m.proc.peak_rss_mb
+    );
+    println!(
+        "{label} CPU s per 1M records by thread: {}; the harness counting outputs meanwhile: {:.2}",
+        m.threads.per_million(records),
+        m.harness_cpu_s / (records as f64 / 1e6)
     );
     m
 }
@@ -411,6 +432,7 @@ fn main() {
         base.cpu_per_million(),
         base.proc.peak_rss_mb
     );
+    println!("passthrough: CPU s per 1M records by thread: {}", base.threads.per_million(records));
     println!(
         "ratio pipeline/passthrough: {:.2} (wall), {:.2} (after first output)",
         pipeline.rate() / base.rate(),

@@ -34,3 +34,67 @@ pub fn sample(pid: u32, ticks: f64) -> Option<ProcSample> {
     let kb: f64 = hwm.split_whitespace().nth(1)?.parse().ok()?;
     Some(ProcSample { cpu_s: cpu, peak_rss_mb: kb / 1024.0 })
 }
+
+/// What a thread of the reconciler does, from its name (threads that
+/// nobody named inherit the process's, hence the main-thread check).
+fn thread_group(pid: u32, tid: u32, comm: &str) -> &'static str {
+    if tid == pid {
+        "run loop"
+    } else if comm.starts_with("rdk:") || comm.starts_with("producer poll") || comm.starts_with("kafka-client") {
+        "librdkafka"
+    } else if comm.starts_with("rocksdb:") {
+        "RocksDB"
+    } else if comm.starts_with("rayon-") {
+        "rayon pool"
+    } else {
+        "other"
+    }
+}
+
+/// CPU seconds of each thread of a process seen so far, by thread id: a
+/// thread keeps its last sample after it ends (what it used after that
+/// sample is only in the process's total).
+#[derive(Debug, Clone, Default)]
+pub struct ThreadCpu {
+    threads: std::collections::BTreeMap<u32, (&'static str, f64)>,
+}
+
+impl ThreadCpu {
+    /// Reads every thread of `pid` now.
+    pub fn sample(&mut self, pid: u32, ticks: f64) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        for t in tasks.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+            let comm = &stat[open + 1..close];
+            let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+            let (Some(Ok(user)), Some(Ok(system))) =
+                (f.get(11).map(|v| v.parse::<f64>()), f.get(12).map(|v| v.parse::<f64>()))
+            else {
+                continue;
+            };
+            self.threads.insert(tid, (thread_group(pid, tid, comm), (user + system) / ticks));
+        }
+    }
+
+    /// CPU seconds by group ("run loop", "librdkafka", "RocksDB", "rayon
+    /// pool", "other"), largest first.
+    pub fn by_group(&self) -> Vec<(&'static str, f64)> {
+        let mut groups: std::collections::BTreeMap<&'static str, f64> = Default::default();
+        for (group, cpu) in self.threads.values() {
+            *groups.entry(group).or_default() += cpu;
+        }
+        let mut out: Vec<_> = groups.into_iter().collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        out
+    }
+
+    /// "run loop 6.90, librdkafka 1.93, ..." per 1M of `records`.
+    pub fn per_million(&self, records: u64) -> String {
+        let m = records as f64 / 1e6;
+        let shown: Vec<String> =
+            self.by_group().iter().filter(|(_, s)| s / m >= 0.005).map(|(g, s)| format!("{g} {:.2}", s / m)).collect();
+        shown.join(", ")
+    }
+}
