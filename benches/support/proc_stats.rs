@@ -22,13 +22,19 @@ pub struct ProcSample {
     pub peak_rss_mb: f64,
 }
 
+/// The name and the CPU time (user + system, in ticks) of a process's or
+/// thread's `stat` file.
+fn name_and_cpu(stat: &str) -> Option<(&str, f64)> {
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let f: Vec<&str> = stat.get(close + 2..)?.split_whitespace().collect();
+    Some((&stat[open + 1..close], f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?))
+}
+
 /// The CPU time (user + system) and peak RSS of process `pid`.
 pub fn sample(pid: u32, ticks: f64) -> Option<ProcSample> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let cpu = (f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / ticks;
+    let cpu = name_and_cpu(&stat)?.1 / ticks;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let hwm = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = hwm.split_whitespace().nth(1)?.parse().ok()?;
@@ -66,15 +72,8 @@ impl ThreadCpu {
         for t in tasks.flatten() {
             let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
             let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
-            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
-            let comm = &stat[open + 1..close];
-            let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-            let (Some(Ok(user)), Some(Ok(system))) =
-                (f.get(11).map(|v| v.parse::<f64>()), f.get(12).map(|v| v.parse::<f64>()))
-            else {
-                continue;
-            };
-            self.threads.insert(tid, (thread_group(pid, tid, comm), (user + system) / ticks));
+            let Some((comm, cpu)) = name_and_cpu(&stat) else { continue };
+            self.threads.insert(tid, (thread_group(pid, tid, comm), cpu / ticks));
         }
     }
 
