@@ -306,10 +306,6 @@ fn main() -> ExitCode {
     // Before the work allocates: huge pages cost a short run a fifth of its
     // CPU in page zeroing (src/process.rs says why).
     let huge_pages = reconciler::process::disable_transparent_huge_pages();
-    // rayon's threads (apply lanes, store writes, restores) by their own
-    // name: unnamed threads take the process's, and per-thread CPU (top -H,
-    // the e2e harness) could not tell them from the run loop.
-    let _ = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("rayon-{i}")).build_global();
     let cli = Cli::parse();
     // The demo's output is its summary; the pipeline's own lines would bury it.
     // Operator tools print their result on stdout; their logs would clutter it.
