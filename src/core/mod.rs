@@ -2,13 +2,14 @@
 //! decide the new state, the verdicts and the anomalies.
 //!
 //! Nothing in here performs IO, reads a clock or draws randomness; the
-//! imports of this module tree are limited to std, serde, uuid, regex,
-//! xxhash and postcard. The pipeline, the tests and the benches all drive the
-//! same [`apply`].
+//! imports of this module tree are limited to std, serde, uuid, sha1, itoa,
+//! regex, xxhash and postcard. The pipeline, the tests and the benches all
+//! drive the same [`apply`].
 
 pub mod deadline;
 pub mod detect;
 pub mod event;
+pub mod ids;
 pub mod memory;
 mod names;
 pub mod operation;

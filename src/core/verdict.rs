@@ -17,8 +17,9 @@ use super::policy::Policy;
 /// Namespace of every id the reconciler derives.
 const NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_9a52_3c0e_4f7e_9d8b_0b7a_52e1_c4a9);
 
+/// The id in the reconciler's namespace of `parts` (see [`super::ids`]).
 pub(crate) fn derive_id(parts: &[&str]) -> String {
-    Uuid::new_v5(&NAMESPACE, parts.join("\u{1f}").as_bytes()).to_string()
+    super::ids::v5(&NAMESPACE, parts)
 }
 
 /// What a transition decided, before the evidence is attached.
@@ -43,8 +44,8 @@ impl<'a> VerdictDraft<'a> {
 
 /// Issues a verdict for `op` (and, in act mode, its repair command).
 pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>, out: &mut Vec<Output>) {
-    let index = op.verdict_count.to_string();
-    let verdict_id = derive_id(&["verdict", &op.operation_id, d.trigger.event_id, &index]);
+    let mut index = itoa::Buffer::new();
+    let verdict_id = derive_id(&["verdict", &op.operation_id, d.trigger.event_id, index.format(op.verdict_count)]);
     op.verdict_count += 1;
     let req = op.request.as_ref();
     let evidence = Evidence {
@@ -115,7 +116,8 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
 /// The deterministic id of a `kind` anomaly about event `event_id`,
 /// detected while processing the record at `pos`.
 pub(crate) fn anomaly_id(kind: AnomalyKind, event_id: &str, pos: SourcePos) -> String {
-    derive_id(&["anomaly", kind.as_str(), event_id, &pos.partition.to_string(), &pos.offset.to_string()])
+    let (mut partition, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
+    derive_id(&["anomaly", kind.as_str(), event_id, partition.format(pos.partition), offset.format(pos.offset)])
 }
 
 /// An anomaly about `flagged`, detected while processing the record at `pos`.

@@ -73,7 +73,7 @@ pub fn prepare(store: &Store, req: &ResolveRequest, now: i64) -> Result<Prepared
     let round = op.last_verdict.as_ref().map_or("", |v| v.verdict_id.as_str());
     let parts =
         [&op.operation_id, round, req.decision.as_str(), &req.actor, &req.note, &req.evidence_checked.join("\u{1e}")];
-    let event_id = Uuid::new_v5(&NAMESPACE, parts.join("\u{1f}").as_bytes()).to_string();
+    let event_id = crate::core::ids::v5(&NAMESPACE, &parts);
     let event = Event {
         event_id,
         operation_id: op.operation_id.clone(),
