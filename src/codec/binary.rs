@@ -37,6 +37,13 @@ fn truncated(field: &str) -> DecodeError {
 
 impl<'a> Reader<'a> {
     fn long(&mut self, field: &str) -> Result<i64, DecodeError> {
+        // One byte: every length, index and count of a typical event.
+        if let Some(&b) = self.buf.get(self.pos) {
+            if b & 0x80 == 0 {
+                self.pos += 1;
+                return Ok(i64::from(b >> 1) ^ -i64::from(b & 1));
+            }
+        }
         let mut n: u64 = 0;
         for shift in (0..70).step_by(7) {
             let b = *self.buf.get(self.pos).ok_or_else(|| truncated(field))?;

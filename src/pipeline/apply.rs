@@ -298,7 +298,7 @@ impl<'a> Applier<'a> {
         let mut entities: FxHashMap<(i32, String), EntityState> = FxHashMap::default();
         let records: Vec<&Record> = records.collect();
         let decoded = self.decode_and_load(&records, next, &mut ops, &mut entities)?;
-        let mut batch = Batch::with_capacity(records.len(), ops.len(), entities.len());
+        let mut batch = Batch::with_capacity(records.len());
         let mut applied = Applied::default();
         let mut outputs = Vec::new();
         for (r, decoded) in records.into_iter().zip(decoded) {
@@ -371,6 +371,7 @@ impl<'a> Applier<'a> {
                 self.emit(&mut outputs, silent, &mut batch, stats)?;
             }
         }
+        batch.reserve(ops.len(), entities.len());
         for ((p, op_id), op) in ops {
             batch.move_timer(p, &op_id, op.timer_before, op.state.as_ref());
             batch.put_op(p, op_id, op.state, op.timeline);
@@ -403,7 +404,7 @@ mod tests {
             .iter()
             .flat_map(|&p| {
                 (0..MIN_LANE_RECORDS as i64).map(move |o| Record {
-                    topic: String::new(),
+                    topic: "".into(),
                     partition: p,
                     offset: o,
                     timestamp: None,

@@ -61,19 +61,24 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// A batch with room for what `records` input records touching `ops`
-    /// operations and `entities` entities write: its vectors hold large
-    /// elements (an operation's state is hundreds of bytes), and growing
-    /// them by doubling copied every one each time.
-    pub fn with_capacity(records: usize, ops: usize, entities: usize) -> Batch {
+    /// A batch with room for the outputs of `records` input records.
+    pub fn with_capacity(records: usize) -> Batch {
         Batch {
-            ops: Vec::with_capacity(ops),
-            entities: Vec::with_capacity(entities),
             // About one output per three input records in the default
             // workload; the rest grows as needed.
             outbox: Vec::with_capacity(records / 2),
             ..Batch::default()
         }
+    }
+
+    /// Room for `ops` operations and `entities` entities more: their
+    /// vectors hold large elements (an operation's state is hundreds of
+    /// bytes), and growing them by doubling copied every one each time.
+    /// Called once their number is known (after the records are applied:
+    /// new operations, and those a request supersedes, only show up then).
+    pub fn reserve(&mut self, ops: usize, entities: usize) {
+        self.ops.reserve(ops);
+        self.entities.reserve(entities);
     }
 
     /// Sets (or, with `None`, deletes) an operation's state, with its
