@@ -503,7 +503,7 @@ pub fn run(
     let want = predicted.len();
     let settled = reader.read_until(timeout, |recs| {
         let distinct: std::collections::HashSet<&[u8]> =
-            recs.iter().filter(|r| r.topic == verdict_topic).filter_map(|r| r.value.as_deref()).collect();
+            recs.iter().filter(|r| *r.topic == *verdict_topic).filter_map(|r| r.value.as_deref()).collect();
         distinct.len() >= want
     });
     // Let the tail of anomalies and dead letters arrive as well.

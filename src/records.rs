@@ -6,6 +6,8 @@
 //! outputs. Kafka, the store, the pipeline, the operator tools and loadgen
 //! all meet here rather than in each other.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{validate_key, Codec, DecodeError, EncodeError};
@@ -16,8 +18,9 @@ use crate::signature::ControlKeys;
 /// An owned copy of a consumed record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
-    /// The topic it was read from.
-    pub topic: String,
+    /// The topic it was read from (shared by the records of a poll: see
+    /// `kafka::TopicNames`).
+    pub topic: Arc<str>,
     /// Its partition.
     pub partition: i32,
     /// Its offset in the partition.
@@ -209,7 +212,7 @@ pub fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
     let mut add = |k: &str, v: String| hs.push((k.to_owned(), Some(v.into_bytes())));
     add(headers::ERROR_CLASS, err.class().to_owned());
     add(headers::ERROR_MESSAGE, err.to_string());
-    add(headers::SOURCE_TOPIC, r.topic.clone());
+    add(headers::SOURCE_TOPIC, r.topic.to_string());
     add(headers::SOURCE_PARTITION, r.partition.to_string());
     add(headers::SOURCE_OFFSET, r.offset.to_string());
     add(headers::SOURCE_TIMESTAMP, r.timestamp.map_or_else(String::new, |t| t.to_string()));

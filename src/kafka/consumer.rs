@@ -286,13 +286,14 @@ impl GroupConsumer {
     /// consumes them).
     pub fn poll_batch(&self, max: usize, wait: Duration) -> Result<(Vec<Record>, bool), KafkaError> {
         let mut out = Vec::new();
+        let mut names = super::TopicNames::default();
         let until = Instant::now() + wait;
         while out.len() < max {
             // Read the clock only while waiting for the first record: clock
             // reads showed up in profiles at one per record.
             let left = if out.is_empty() { until.saturating_duration_since(Instant::now()) } else { Duration::ZERO };
             match self.consumer.poll(left) {
-                Some(Ok(m)) => out.push(Record::from_message(&m)),
+                Some(Ok(m)) => out.push(Record::from_message(&m, &mut names)),
                 Some(Err(e)) => warn!(error = %e, "Consumer error"),
                 None => {
                     if !out.is_empty() || left.is_zero() {

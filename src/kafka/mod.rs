@@ -12,6 +12,7 @@ pub mod transaction;
 pub mod watermarks;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::error::RDKafkaErrorCode;
@@ -188,16 +189,32 @@ pub fn client_config(
 /// second per broker); raise it in `[kafka]` where that matters more.
 pub const CONSUMER_DEFAULTS: [(&str, &str); 1] = [("fetch.wait.max.ms", "10")];
 
+/// The topic names of consumed records: each record refers to its name
+/// rather than owning a copy (an allocation per record on the hot path).
+/// Keeps the last name seen: a consumer reads one topic, or a few in runs.
+#[derive(Debug, Default)]
+pub struct TopicNames(Option<Arc<str>>);
+
+impl TopicNames {
+    /// `name`, shared with the records before it of the same topic.
+    pub fn of(&mut self, name: &str) -> Arc<str> {
+        match &self.0 {
+            Some(last) if **last == *name => last.clone(),
+            _ => self.0.insert(Arc::from(name)).clone(),
+        }
+    }
+}
+
 impl Record {
-    /// Copies a borrowed message.
-    pub fn from_message<M: rdkafka::Message>(m: &M) -> Record {
+    /// Copies a borrowed message (its topic's name through `names`).
+    pub fn from_message<M: rdkafka::Message>(m: &M, names: &mut TopicNames) -> Record {
         use rdkafka::message::Headers;
         let headers = m
             .headers()
             .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(|v| v.to_vec()))).collect())
             .unwrap_or_default();
         Record {
-            topic: m.topic().to_owned(),
+            topic: names.of(m.topic()),
             partition: m.partition(),
             offset: m.offset(),
             timestamp: m.timestamp().to_millis(),

@@ -18,6 +18,7 @@ pub struct TopicReader {
     consumer: BaseConsumer,
     /// Every record read so far, in arrival order (partitions interleaved).
     pub records: Vec<Record>,
+    names: super::TopicNames,
 }
 
 /// A consumer that only reads assigned partitions (no group membership,
@@ -77,7 +78,7 @@ impl TopicReader {
             }
         }
         consumer.assign(&tpl).map_err(KafkaError::client("assigning"))?;
-        Ok(TopicReader { consumer, records: Vec::new() })
+        Ok(TopicReader { consumer, records: Vec::new(), names: Default::default() })
     }
 
     /// Reads until `done(records so far)` holds or `timeout` passes; returns
@@ -90,7 +91,7 @@ impl TopicReader {
                 return false;
             }
             if let Some(Ok(m)) = self.consumer.poll(left.min(Duration::from_millis(200))) {
-                self.records.push(Record::from_message(&m));
+                self.records.push(Record::from_message(&m, &mut self.names));
             }
         }
         true
@@ -115,14 +116,14 @@ impl TopicReader {
                 return false;
             }
             if let Some(Ok(m)) = self.consumer.poll(left.min(Duration::from_millis(100))) {
-                self.records.push(Record::from_message(&m));
+                self.records.push(Record::from_message(&m, &mut self.names));
             }
         }
     }
 
     /// Records of one topic read so far.
     pub fn of<'a>(&'a self, topic: &'a str) -> impl Iterator<Item = &'a Record> + 'a {
-        self.records.iter().filter(move |r| r.topic == topic)
+        self.records.iter().filter(move |r| *r.topic == *topic)
     }
 }
 
@@ -163,6 +164,7 @@ pub fn read_to_end(
     if left.is_empty() {
         return Ok(out);
     }
+    let mut names = super::TopicNames::default();
     consumer.assign(&tpl).map_err(KafkaError::client("assigning"))?;
     let until = Instant::now() + timeout;
     while !left.is_empty() {
@@ -175,7 +177,7 @@ pub fn read_to_end(
         }
         match consumer.poll(rest.min(Duration::from_millis(200))) {
             Some(Ok(m)) => {
-                let r = Record::from_message(&m);
+                let r = Record::from_message(&m, &mut names);
                 if left.get(&r.partition).is_some_and(|high| r.offset + 1 >= *high) {
                     left.remove(&r.partition);
                 }

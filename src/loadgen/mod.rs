@@ -221,7 +221,7 @@ impl MemoryTopic {
         let offset = self.next[partition];
         self.next[partition] += 1;
         Record {
-            topic: r.topic,
+            topic: r.topic.into(),
             partition: partition as i32,
             offset,
             timestamp: None,

@@ -125,13 +125,13 @@ impl Tally {
     fn update(&mut self, cfg: &Config, records: &[Record]) {
         let t = &cfg.topics;
         for r in &records[self.read..] {
-            if r.topic == t.dlq {
+            if *r.topic == *t.dlq {
                 // Dead letters keep null values null: told apart by source.
                 self.dead_letters.insert(dead_letter_source(r));
             } else if let Some(v) = r.value.as_ref() {
-                if r.topic == t.verdicts {
+                if *r.topic == *t.verdicts {
                     self.verdict_values.insert(v.clone());
-                } else if r.topic == t.anomalies {
+                } else if *r.topic == *t.anomalies {
                     self.anomaly_values.insert(v.clone());
                 }
             }
@@ -171,7 +171,7 @@ pub fn compare(cfg: &Config, truth: &GroundTruth, records: &[Record], complete: 
     let mut anomalies: BTreeMap<String, u64> = BTreeMap::new();
     let mut dead: BTreeMap<String, u64> = BTreeMap::new();
     for r in records {
-        if r.topic == t.dlq {
+        if *r.topic == *t.dlq {
             if !dead_ids.insert(dead_letter_source(r)) {
                 continue; // a copy re-published after a crash
             }
@@ -182,14 +182,14 @@ pub fn compare(cfg: &Config, truth: &GroundTruth, records: &[Record], complete: 
             continue;
         }
         let Some(value) = r.value.as_deref() else { continue };
-        if r.topic == t.verdicts {
+        if *r.topic == *t.verdicts {
             if let Ok(v) = codec.decode_verdict(value) {
                 if seen_ids.insert(v.verdict_id.clone()) {
                     actual.entry(v.operation_id).or_default().push((v.outcome, v.action, v.decided_at));
                     report.verdicts_seen += 1;
                 }
             }
-        } else if r.topic == t.anomalies {
+        } else if *r.topic == *t.anomalies {
             if let Ok(a) = codec.decode_anomaly(value) {
                 if anomaly_ids.insert(a.anomaly_id.clone()) {
                     *anomalies.entry(a.kind.as_str().to_owned()).or_default() += 1;
@@ -300,7 +300,7 @@ mod tests {
         let dead = |n: u64, dlq_offset: i64| {
             let h = |k: &str, v: String| (k.to_owned(), Some(v.into_bytes()));
             Record {
-                topic: cfg.topics.dlq.clone(),
+                topic: cfg.topics.dlq.as_str().into(),
                 partition: 0,
                 offset: dlq_offset,
                 timestamp: None,

@@ -274,7 +274,7 @@ fn a_zombie_stopped_in_its_transaction_commits_nothing() {
     let outputs = check::read_all(&run.cfg, &check::output_topics(&run.cfg));
     let mut seen = std::collections::HashSet::new();
     for r in &outputs {
-        let id = (r.topic.clone(), r.key.clone(), r.value.clone(), r.headers.clone());
+        let id = (r.topic.to_string(), r.key.clone(), r.value.clone(), r.headers.clone());
         assert!(reference.contains(&id), "an output on {} the reference run does not have", r.topic);
         assert!(seen.insert(id), "an output on {} read twice by read_committed", r.topic);
     }

@@ -67,7 +67,7 @@ fn events_in_give_the_predicted_verdicts_and_anomalies() {
     let predicted_anomalies = outputs.iter().filter(|o| matches!(o, Output::Anomaly(_))).count();
     let garbage = records.iter().filter(|r| !matches!(r, InputRecord::Event(_))).count();
     let ok = reader.read_until(Duration::from_secs(60), |recs| {
-        let n = |topic: &str| recs.iter().filter(|r| r.topic == topic).count();
+        let n = |topic: &str| recs.iter().filter(|r| *r.topic == *topic).count();
         n(&t.verdicts) >= predicted.len() && n(&t.anomalies) >= predicted_anomalies && n(&t.dlq) >= garbage
     });
     let stats = running.stop();
@@ -194,8 +194,8 @@ fn eleven_kinds_of_poison_are_dead_lettered_once_byte_identical_the_stream_flows
     let topics = &cfg.topics;
     let mut reader = TopicReader::new(&cfg.kafka, &[&topics.dlq, &topics.verdicts], 3).unwrap();
     let ok = reader.read_until(Duration::from_secs(30), |recs| {
-        recs.iter().filter(|r| r.topic == topics.dlq).count() >= poison.len()
-            && recs.iter().any(|r| r.topic == topics.verdicts)
+        recs.iter().filter(|r| *r.topic == *topics.dlq).count() >= poison.len()
+            && recs.iter().any(|r| *r.topic == *topics.verdicts)
     });
     running.stop();
     assert!(ok, "dead letters and the later verdict did not arrive");
@@ -239,7 +239,8 @@ fn eleven_kinds_of_poison_are_dead_lettered_once_byte_identical_the_stream_flows
     let mut again = TopicReader::new(&replay.kafka, &[&replay.topics.dlq, &replay.topics.verdicts], 3).unwrap();
     let rt = replay.topics.clone();
     let ok = again.read_until(Duration::from_secs(30), |recs| {
-        recs.iter().filter(|r| r.topic == rt.dlq).count() >= poison.len() && recs.iter().any(|r| r.topic == rt.verdicts)
+        recs.iter().filter(|r| *r.topic == *rt.dlq).count() >= poison.len()
+            && recs.iter().any(|r| *r.topic == *rt.verdicts)
     });
     running.stop();
     assert!(ok, "the replay did not dead-letter everything");
@@ -373,7 +374,7 @@ fn overdue_within_three_seconds(busy: bool) {
     let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts, &cfg.topics.events], 3).unwrap();
     let verdicts = cfg.topics.verdicts.clone();
     let ok = reader.read_until(Duration::from_secs(20), |recs| {
-        recs.iter().any(|r| r.topic == verdicts && r.key.as_deref() == Some(b"cust-q"))
+        recs.iter().any(|r| *r.topic == *verdicts && r.key.as_deref() == Some(b"cust-q"))
     });
     let arrived = now();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -414,7 +415,7 @@ fn overdue_within_three_seconds(busy: bool) {
     let events = cfg.topics.events.clone();
     let timer_in_log = reader.read_until(Duration::from_secs(10), |recs| {
         recs.iter()
-            .filter(|r| r.topic == events)
+            .filter(|r| *r.topic == *events)
             .filter_map(|r| codec.decode_event(r.value.as_deref()?).ok())
             .any(|e| matches!(e.body, Body::DeadlineReached { deadline: d } if d == deadline))
     });
@@ -489,8 +490,8 @@ fn run_with_clock(
     let t = cfg.topics.clone();
     let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies], 3).unwrap();
     let ok = reader.read_until(Duration::from_secs(60), |recs| {
-        recs.iter().filter(|r| r.topic == t.verdicts).count() >= want.0
-            && recs.iter().filter(|r| r.topic == t.anomalies).count() >= want.1
+        recs.iter().filter(|r| *r.topic == *t.verdicts).count() >= want.0
+            && recs.iter().filter(|r| *r.topic == *t.anomalies).count() >= want.1
     });
     reader.read_until(Duration::from_secs(2), |_| false);
     running.stop();

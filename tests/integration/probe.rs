@@ -214,14 +214,14 @@ fn probes_settle_every_ambiguous_case_as_the_destination_says() {
     let codec = Codec::new();
     let commands: Vec<RepairCommand> = all
         .iter()
-        .filter(|r| r.topic == t.commands)
+        .filter(|r| *r.topic == *t.commands)
         .filter_map(|r| codec.decode_command(r.value.as_deref()?).ok())
         .collect();
     assert_eq!(commands.len(), cases.len(), "one PROBE command per case, in observe mode");
     assert!(commands.iter().all(|c| c.action == RepairAction::Probe));
     let answers: Vec<Event> = all
         .iter()
-        .filter(|r| r.topic == t.events)
+        .filter(|r| *r.topic == *t.events)
         .filter_map(|r| codec.decode_event(r.value.as_deref()?).ok())
         .filter(|e| e.producer == PRODUCER)
         .collect();

@@ -151,7 +151,7 @@ pub fn check(cfg: &Config, input: &[Record], outputs: &[Record], state_dirs: &[&
     for r in outputs {
         let value = r.value.clone().unwrap_or_default();
         let id = id_of(&codec, cfg, &r.topic, &value, &r.headers);
-        match seen.get(&(r.topic.clone(), id.clone())) {
+        match seen.get(&(r.topic.to_string(), id.clone())) {
             Some(prev) => {
                 f.duplicates += 1;
                 if (&prev.key, &prev.value, &prev.headers) != (&r.key, &r.value, &r.headers) {
@@ -160,9 +160,9 @@ pub fn check(cfg: &Config, input: &[Record], outputs: &[Record], state_dirs: &[&
                 }
             }
             None => {
-                seen.insert((r.topic.clone(), id), r);
-                got.entry((r.topic.clone(), r.key.clone().unwrap_or_default())).or_default().push(OutboxRecord {
-                    topic: r.topic.clone(),
+                seen.insert((r.topic.to_string(), id), r);
+                got.entry((r.topic.to_string(), r.key.clone().unwrap_or_default())).or_default().push(OutboxRecord {
+                    topic: r.topic.to_string(),
                     key: r.key.clone(),
                     value: r.value.clone(),
                     headers: r.headers.clone(),
