@@ -229,6 +229,18 @@ impl Record {
 mod tests {
     use super::*;
 
+    /// Records of one topic share its name; another topic gets its own.
+    #[test]
+    fn topic_names_are_shared_until_the_topic_changes() {
+        let mut names = TopicNames::default();
+        let (a, b) = (names.of("ops.events"), names.of("ops.events"));
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = names.of("ops.verdicts");
+        assert_eq!(&*c, "ops.verdicts");
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(&*names.of("ops.events"), "ops.events");
+    }
+
     /// What waits out a broker outage and what stops the instance.
     #[test]
     fn refusals_no_retry_can_cure_are_not_retriable() {
