@@ -105,18 +105,17 @@ fn bench(c: &mut Criterion) {
     // A verdict's id, and the same id through uuid's own version 5 (what
     // derived it before src/core/ids.rs), for the ratio in one run.
     let parts = ["verdict", "order-452:v7", "2b6f0d3e-6f7c-4d0e-9a51-0f3c2d1e4b5a", "3"];
-    g.bench_function("verdict_id", |b| b.iter(|| reconciler::core::ids::v5(&NAMESPACE, std::hint::black_box(&parts))));
+    g.bench_function("verdict_id", |b| {
+        b.iter(|| reconciler::core::ids::v5(&uuid::Uuid::NAMESPACE_OID, std::hint::black_box(&parts)))
+    });
     g.bench_function("verdict_id_uuid_v5", |b| {
         b.iter(|| {
             let name = std::hint::black_box(&parts).join("\u{1f}");
-            uuid::Uuid::new_v5(&NAMESPACE, name.as_bytes()).to_string()
+            uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
         })
     });
     g.finish();
 }
-
-/// A namespace for the id benches (any will do).
-const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6f1c_9a52_3c0e_4f7e_9d8b_0b7a_52e1_c4a9);
 
 /// One RocksDB write of what a 5,000-record batch changes: the states of
 /// the operations it touched, their timers, offsets and the outbox.
