@@ -14,10 +14,10 @@
 //! rebuild bench (`benches/rebuild.rs`) feeds it records from memory, so it
 //! measures exactly the work the pipeline does per record.
 
-use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use indexmap::{Equivalent, IndexMap};
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 
 use tracing::{debug, warn};
 
@@ -84,6 +84,25 @@ struct OpSlot {
     timeline: TimelineHead,
 }
 
+/// A batch's operations or entities by `(partition, id)`. Kept in the
+/// order they were loaded, which is key order (see
+/// [`Applier::decode_and_load`]): the batch then writes them already
+/// sorted, and its sort by key (see `Batch::encode`) has nothing to do.
+type Slots<V> = IndexMap<(i32, String), V, FxBuildHasher>;
+
+/// A `(partition, id)` key of [`Slots`] borrowed from an event: looking
+/// one up this way copies no id (it did, once per record, for each map).
+/// Hashes as the owned key does: the same fields in the same order, a
+/// `&str` hashing as the `String` with its contents.
+#[derive(Hash)]
+struct Key<'k>(i32, &'k str);
+
+impl Equivalent<(i32, String)> for Key<'_> {
+    fn equivalent(&self, key: &(i32, String)) -> bool {
+        self.0 == key.0 && self.1 == key.1
+    }
+}
+
 impl Applied {
     /// Adds a lane's result (of other partitions) to this one.
     fn absorb(&mut self, other: Applied) {
@@ -120,17 +139,19 @@ impl<'a> Applier<'a> {
     /// the batch's own map, else loaded from the store.
     fn slot<'m>(
         &self,
-        ops: &'m mut FxHashMap<(i32, String), OpSlot>,
+        ops: &'m mut Slots<OpSlot>,
         p: i32,
         operation_id: &str,
     ) -> Result<&'m mut OpSlot, PipelineError> {
-        Ok(match ops.entry((p, operation_id.to_owned())) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => {
+        let i = match ops.get_index_of(&Key(p, operation_id)) {
+            Some(i) => i,
+            None => {
                 let (state, timeline) = self.store.load_op(p, operation_id)?;
-                v.insert(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline })
+                let slot = OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline };
+                ops.insert_full((p, operation_id.to_owned()), slot).0
             }
-        })
+        };
+        Ok(&mut ops[i])
     }
 
     /// Decodes the records of `records` that [`Applier::apply_lane`] will
@@ -144,8 +165,8 @@ impl<'a> Applier<'a> {
         &self,
         records: &[&Record],
         next: &BTreeMap<i32, i64>,
-        ops: &mut FxHashMap<(i32, String), OpSlot>,
-        entities: &mut FxHashMap<(i32, String), EntityState>,
+        ops: &mut Slots<OpSlot>,
+        entities: &mut Slots<EntityState>,
     ) -> Result<Vec<Option<Result<Event, DecodeError>>>, PipelineError> {
         let mut expected = next.clone();
         let decoded: Vec<_> = records
@@ -167,13 +188,17 @@ impl<'a> Applier<'a> {
                 entity_ids.insert((r.partition, ev.entity_id.as_str()));
             }
         }
-        let op_ids: Vec<_> = op_ids.into_iter().collect();
+        // In key order, so that the store's batched reads need not sort
+        // them (see `Store::load_ops`).
+        let mut op_ids: Vec<_> = op_ids.into_iter().collect();
+        op_ids.sort_unstable();
         ops.reserve(op_ids.len());
         for ((p, id), (state, timeline)) in op_ids.iter().zip(self.store.load_ops(&op_ids)?) {
             let slot = OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline };
             ops.insert((*p, (*id).to_owned()), slot);
         }
-        let entity_ids: Vec<_> = entity_ids.into_iter().collect();
+        let mut entity_ids: Vec<_> = entity_ids.into_iter().collect();
+        entity_ids.sort_unstable();
         entities.reserve(entity_ids.len());
         for ((p, id), e) in entity_ids.iter().zip(self.store.get_entities(&entity_ids)?) {
             entities.insert((*p, (*id).to_owned()), e);
@@ -294,8 +319,8 @@ impl<'a> Applier<'a> {
         restore_until: &BTreeMap<i32, i64>,
         stats: &mut Stats,
     ) -> Result<Applied, PipelineError> {
-        let mut ops: FxHashMap<(i32, String), OpSlot> = FxHashMap::default();
-        let mut entities: FxHashMap<(i32, String), EntityState> = FxHashMap::default();
+        let mut ops: Slots<OpSlot> = Slots::default();
+        let mut entities: Slots<EntityState> = Slots::default();
         let records: Vec<&Record> = records.collect();
         let decoded = self.decode_and_load(&records, next, &mut ops, &mut entities)?;
         let mut batch = Batch::with_capacity(records.len());
@@ -335,9 +360,13 @@ impl<'a> Applier<'a> {
             let p = r.partition;
             let op = self.slot(&mut ops, p, &ev.operation_id)?;
             let slot = &mut op.state;
-            let entity = match entities.entry((p, ev.entity_id.clone())) {
-                Entry::Occupied(o) => o.into_mut(),
-                Entry::Vacant(v) => v.insert(self.store.get_entity(p, &ev.entity_id)?),
+            let entity = match entities.get_index_of(&Key(p, &ev.entity_id)) {
+                Some(i) => &mut entities[i],
+                None => {
+                    let e = self.store.get_entity(p, &ev.entity_id)?;
+                    let i = entities.insert_full((p, ev.entity_id.clone()), e).0;
+                    &mut entities[i]
+                }
             };
             let pos = SourcePos { partition: p, offset: r.offset };
             let arrival = Arrival::of(&ev, pos, self.policy);

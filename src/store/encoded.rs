@@ -221,7 +221,7 @@ impl Part {
     /// Serializes `value` straight into the buffer (postcard appends).
     fn push_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Range<usize> {
         let start = self.bytes.len();
-        self.bytes = postcard::to_extend(value, std::mem::take(&mut self.bytes)).expect("state types serialize");
+        super::append::append(&mut self.bytes, value);
         start..self.bytes.len()
     }
 

@@ -8,6 +8,7 @@
 //! loses the whole lane (it is consumed again and gives the same result) or
 //! keeps all of it (its outputs are re-published from the outbox).
 
+mod append;
 pub mod changelog;
 mod claims;
 mod encoded;

@@ -35,6 +35,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use super::append::append;
 use super::summary::Fields;
 use super::Batch;
 use crate::core::event::{Body, Event, SourcePos};
@@ -336,12 +337,8 @@ pub(super) fn decode_entry(bytes: &[u8]) -> Result<TimelineEntry, postcard::Erro
 
 /// `id`, unless it is `own` (the entry's event, which the entry names
 /// already).
-fn other_than<'x>(id: &'x str, own: &str) -> Option<&'x str> {
-    (id != own).then_some(id)
-}
-
-fn serialize_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) {
-    *buf = postcard::to_extend(value, std::mem::take(buf)).expect("timeline fields serialize");
+fn other_than<'x>(id: &'x str, own: &[u8]) -> Option<&'x str> {
+    (id.as_bytes() != own).then_some(id)
 }
 
 impl Arrival {
@@ -357,9 +354,11 @@ impl Arrival {
         std::str::from_utf8(&self.buf[..self.id_end]).expect("copied from a str")
     }
 
-    /// The event the entry is of.
-    fn event_id(&self) -> &str {
-        std::str::from_utf8(&self.buf[self.id_end..self.event_end]).expect("copied from a str")
+    /// The event the entry is of, as the bytes of its id: it is only
+    /// compared with other ids (validating it as UTF-8 again for that
+    /// showed in profiles, once per record).
+    fn event_id(&self) -> &[u8] {
+        &self.buf[self.id_end..self.event_end]
     }
 
     /// Takes what the timeline needs of `ev` (the decision note redacted as
@@ -407,7 +406,7 @@ impl Arrival {
         let id_end = buf.len();
         buf.extend_from_slice(fields.event_id.as_bytes());
         let event_end = buf.len();
-        serialize_into(&mut buf, fields);
+        append(&mut buf, fields);
         Arrival { partition: fields.partition, buf, id_end, event_end, manual }
     }
 }
@@ -462,8 +461,8 @@ pub(crate) fn entry_value(ordinal: u64, a: &Arrival, disposition: Disposition, o
     let decided = Decided { disposition, anomalies, verdicts, manual: &a.manual };
     // Its ordinal, then the fields taken on arrival, then these.
     let mut value = Vec::with_capacity(a.buf.len() - a.event_end + 64);
-    serialize_into(&mut value, &ordinal);
+    append(&mut value, &ordinal);
     value.extend_from_slice(&a.buf[a.event_end..]);
-    serialize_into(&mut value, &decided);
+    append(&mut value, &decided);
     value
 }
