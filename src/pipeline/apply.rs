@@ -425,6 +425,22 @@ mod tests {
 
     use super::*;
 
+    /// A borrowed key finds the slot of the owned key it equals, and only
+    /// that one (it must hash as the owned key does).
+    #[test]
+    fn a_borrowed_key_finds_its_slot() {
+        let mut slots: Slots<u32> = Slots::default();
+        for (i, (p, id)) in [(3, "op-1"), (4, "op-1"), (3, "op-2"), (3, "")].into_iter().enumerate() {
+            slots.insert((p, id.to_owned()), i as u32);
+        }
+        assert_eq!(slots.get(&Key(3, "op-1")), Some(&0));
+        assert_eq!(slots.get(&Key(4, "op-1")), Some(&1));
+        assert_eq!(slots.get(&Key(3, "op-2")), Some(&2));
+        assert_eq!(slots.get(&Key(3, "")), Some(&3));
+        assert_eq!(slots.get(&Key(4, "op-2")), None);
+        assert_eq!(slots.get(&Key(3, "op-")), None);
+    }
+
     /// Six partitions of equal size over two lanes: three each. (That
     /// lanes give the result of one thread is tests/offline/lanes.rs.)
     #[test]
