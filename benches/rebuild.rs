@@ -18,6 +18,9 @@
 //!                                                  # and counts the changelog records
 //!   REBUILD_SIZES=1 cargo bench --bench rebuild     # bytes stored per family and key
 //!   REBUILD_BLOCK_CACHE_MB=128 REBUILD_OPERATIONS=1000000 cargo bench --bench rebuild
+//!   REBUILD_ENTITIES=5000 REBUILD_OPERATIONS=20000 cargo bench --bench rebuild
+//!       # over fewer entities (default 100,000): four operations each, as
+//!       # the end-to-end bench has, so that most requests supersede one
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -78,9 +81,10 @@ fn main() {
     // --output-prefix` does (else counted only, as a plain replay does).
     let discard_outputs = env("REBUILD_OUTPUTS", 0) == 0;
     let mut opts = Options::preload(operations, 5, reconciler::clock::now_ms());
-    // A fixed entity count and no per-operation truth: nothing in this
-    // process but the store should grow with the operations.
-    opts.entities = 100_000;
+    // A fixed entity count (REBUILD_ENTITIES) and no per-operation truth:
+    // nothing in this process but the store should grow with the
+    // operations.
+    opts.entities = env("REBUILD_ENTITIES", 100_000) as u64;
     opts.keep_verdicts = false;
     let mut gen = Generator::new(opts);
     let mut busy = Duration::ZERO;

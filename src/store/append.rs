@@ -26,7 +26,12 @@ impl Flavor for Tail<'_> {
 
     #[inline(always)]
     fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(bytes);
+        // postcard writes every varint as a slice, nearly all of one byte
+        // (lengths, counts, small numbers): pushed, not a call to memcpy.
+        match bytes {
+            [byte] => self.0.push(*byte),
+            _ => self.0.extend_from_slice(bytes),
+        }
         Ok(())
     }
 
