@@ -1,7 +1,6 @@
 //! The schema set: every `.avsc` in `schemas/`, parsed and fingerprinted
 //! once at start, looked up by fingerprint for each record.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Once};
 
 use apache_avro::types::Value;
@@ -97,7 +96,9 @@ impl WriterSchema {
 #[derive(Debug, Clone)]
 pub struct SchemaSet {
     by_fingerprint: rustc_hash::FxHashMap<u64, Arc<WriterSchema>>,
-    current: HashMap<SchemaKind, Arc<WriterSchema>>,
+    /// Looked up for every output encoded: FxHash, not SipHash (a few
+    /// fixed kinds, nothing an input chooses).
+    current: rustc_hash::FxHashMap<SchemaKind, Arc<WriterSchema>>,
 }
 
 /// The Parsing Canonical Form as the Avro specification defines it.
@@ -133,7 +134,7 @@ impl SchemaSet {
         LIMIT.call_once(|| {
             apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
         });
-        let mut set = SchemaSet { by_fingerprint: Default::default(), current: HashMap::new() };
+        let mut set = SchemaSet { by_fingerprint: Default::default(), current: Default::default() };
         for (file, text, kind, current) in SCHEMA_FILES {
             let schema = Schema::parse_str(text).unwrap_or_else(|e| panic!("schemas/{file} does not parse: {e}"));
             let w = Arc::new(WriterSchema { file, kind, fingerprint: fingerprint(&schema), schema, current });

@@ -21,7 +21,6 @@
 //! `other`; error codes (free text from the producers) are the first
 //! [`MAX_ERROR_CODES`] seen, then `other`; partitions are the input topic's.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
@@ -60,7 +59,10 @@ pub const MAX_ERROR_CODES: usize = 32;
 /// configured values always have their own; others get one while fewer
 /// than `max_dynamic` were seen, then share `other`.
 struct BoundedLabels {
-    known: RwLock<HashSet<String>>,
+    /// Looked up for every verdict: FxHash, not SipHash. The set holds at
+    /// most the configured values and `max_dynamic` others, so values
+    /// chosen to collide could not make it slow.
+    known: RwLock<rustc_hash::FxHashSet<String>>,
     dynamic: Mutex<usize>,
     max_dynamic: usize,
 }
