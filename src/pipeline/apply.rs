@@ -86,8 +86,10 @@ struct OpSlot {
 
 /// A batch's operations or entities by `(partition, id)`. Kept in the
 /// order they were loaded, which is key order (see
-/// [`Applier::decode_and_load`]): the batch then writes them already
-/// sorted, and its sort by key (see `Batch::encode`) has nothing to do.
+/// [`Applier::decode_and_load`]) but for the operations a request
+/// supersedes, loaded later and appended: the batch then writes them
+/// (nearly) sorted, and its stable sort by key (see `Batch::encode`, which
+/// alone decides the write order) has next to nothing to do.
 type Slots<V> = IndexMap<(i32, String), V, FxBuildHasher>;
 
 /// A `(partition, id)` key of [`Slots`] borrowed from an event: looking
