@@ -6,7 +6,8 @@
 //! batch step ([`Applier`]: decode, `core::apply` against the store's
 //! state, timeline, metrics, on REBUILD_THREADS lanes, default one per core
 //! as `[consumer] apply_threads = 0`) and its one atomic RocksDB write per
-//! batch of 5,000 (state, timers, offsets and timeline) into a store opened
+//! batch of `[consumer] batch_size` records (state, timers, offsets and
+//! timeline; REBUILD_BATCH overrides it) into a store opened
 //! as `reconciler replay` opens it, and reports the rate
 //! (generation excluded) and the process's peak and final RSS. Run with
 //! 1M and 10M operations to see that RSS is set by `[store]` (block cache,

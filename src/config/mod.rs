@@ -175,6 +175,10 @@ pub struct Consumer {
     /// Consumer group id.
     pub group_id: String,
     /// Most records per batch (one RocksDB write and one producer flush each).
+    /// Larger batches share those costs among more records, but each of the
+    /// batch's passes (decode, load, apply, encode, write) then walks more
+    /// memory than the core's cache holds: at 5,000 a batch cost more CPU
+    /// per record end to end than at 2,000 (BENCHMARKS.md, issue 20).
     pub batch_size: usize,
     /// Longest wait to fill a batch, in ms.
     pub batch_wait_ms: u64,
@@ -226,7 +230,7 @@ impl Default for Consumer {
         // dead-letter headers.
         Consumer {
             group_id: "reconciler".into(),
-            batch_size: 5000,
+            batch_size: 2000,
             batch_wait_ms: 50,
             max_record_bytes: 900_000,
             apply_threads: 0,
