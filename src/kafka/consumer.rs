@@ -285,7 +285,9 @@ impl GroupConsumer {
     /// meanwhile. Records of revoked partitions are left out (the new owner
     /// consumes them).
     pub fn poll_batch(&self, max: usize, wait: Duration) -> Result<(Vec<Record>, bool), KafkaError> {
-        let mut out = Vec::new();
+        // Room for a full batch up front (growing copied every record
+        // again at each doubling), within reason for huge `max`es.
+        let mut out = Vec::with_capacity(max.min(8192));
         let mut names = super::TopicNames::default();
         let until = Instant::now() + wait;
         while out.len() < max {

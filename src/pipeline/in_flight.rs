@@ -225,9 +225,13 @@ impl Pipeline {
     /// again (see [`super::restore`]).
     fn keep_owned(&self, records: &mut Vec<OutboxRecord>) -> Result<(), PipelineError> {
         let owned = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
-        let (mine, moved): (Vec<_>, Vec<_>) = std::mem::take(records)
-            .into_iter()
-            .partition(|r| changelog_partition(r).is_some_and(|p| owned.contains_key(&p)));
+        let kept = |r: &OutboxRecord| changelog_partition(r).is_some_and(|p| owned.contains_key(&p));
+        // Usually every partition is still owned: then nothing is moved
+        // (splitting copied every record into a new, growing Vec).
+        if records.iter().all(kept) {
+            return Ok(());
+        }
+        let (mine, moved): (Vec<_>, Vec<_>) = std::mem::take(records).into_iter().partition(kept);
         *records = mine;
         self.forget_partitions(&moved)
     }

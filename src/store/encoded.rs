@@ -271,7 +271,14 @@ impl Batch {
                     + self.ops.iter().map(|op| 512 + op.3.latest.iter().map(Vec::len).sum::<usize>()).sum::<usize>()
                     + 4096,
             ),
-            writes: Vec::new(),
+            writes: Vec::with_capacity(
+                self.timeline.len()
+                    + self.ops.len()
+                    + self.entities.len()
+                    + self.timers_removed.len()
+                    + self.timers_added.len()
+                    + self.offsets.len(),
+            ),
             changelog_from: self.outbox.len(),
             outbox: self.outbox,
         };

@@ -440,6 +440,16 @@ pub(crate) fn entry_value(ordinal: u64, a: &Arrival, disposition: Disposition, o
     let own = a.event_id();
     let mut anomalies = Vec::new();
     let mut verdicts = Vec::new();
+    // The value's size, about: the arrival's fields, the ordinal and the
+    // disposition, and each output's strings (growing the value copied it).
+    let mut size = a.buf.len() - a.event_end + 64;
+    for o in outputs {
+        size += match o {
+            Output::Anomaly(x) => 16 + x.event_id.len() + x.detail.len(),
+            Output::Verdict(v) => 16 + v.verdict_id.len() + v.reason.len() + v.trigger_event_id.len(),
+            Output::Command(_) => 0,
+        };
+    }
     for o in outputs {
         match o {
             Output::Anomaly(x) => anomalies.push(AnomalyRef {
@@ -460,7 +470,7 @@ pub(crate) fn entry_value(ordinal: u64, a: &Arrival, disposition: Disposition, o
     }
     let decided = Decided { disposition, anomalies, verdicts, manual: &a.manual };
     // Its ordinal, then the fields taken on arrival, then these.
-    let mut value = Vec::with_capacity(a.buf.len() - a.event_end + 64);
+    let mut value = Vec::with_capacity(size);
     append(&mut value, &ordinal);
     value.extend_from_slice(&a.buf[a.event_end..]);
     append(&mut value, &decided);
