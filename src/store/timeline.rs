@@ -444,27 +444,26 @@ pub(crate) fn entry_value(ordinal: u64, a: &Arrival, disposition: Disposition, o
     // disposition, and each output's strings (growing the value copied it).
     let mut size = a.buf.len() - a.event_end + 64;
     for o in outputs {
-        size += match o {
-            Output::Anomaly(x) => 16 + x.event_id.len() + x.detail.len(),
-            Output::Verdict(v) => 16 + v.verdict_id.len() + v.reason.len() + v.trigger_event_id.len(),
-            Output::Command(_) => 0,
-        };
-    }
-    for o in outputs {
         match o {
-            Output::Anomaly(x) => anomalies.push(AnomalyRef {
-                kind: x.kind,
-                other_event_id: other_than(&x.event_id, own),
-                detail: &x.detail,
-            }),
-            Output::Verdict(v) => verdicts.push(VerdictRef {
-                verdict_id: &v.verdict_id,
-                outcome: v.outcome,
-                action: v.action,
-                state: v.state,
-                reason: &v.reason,
-                other_trigger_event_id: other_than(&v.trigger_event_id, own),
-            }),
+            Output::Anomaly(x) => {
+                size += 16 + x.event_id.len() + x.detail.len();
+                anomalies.push(AnomalyRef {
+                    kind: x.kind,
+                    other_event_id: other_than(&x.event_id, own),
+                    detail: &x.detail,
+                });
+            }
+            Output::Verdict(v) => {
+                size += 16 + v.verdict_id.len() + v.reason.len() + v.trigger_event_id.len();
+                verdicts.push(VerdictRef {
+                    verdict_id: &v.verdict_id,
+                    outcome: v.outcome,
+                    action: v.action,
+                    state: v.state,
+                    reason: &v.reason,
+                    other_trigger_event_id: other_than(&v.trigger_event_id, own),
+                });
+            }
             Output::Command(_) => {}
         }
     }
