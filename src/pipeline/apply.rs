@@ -105,6 +105,21 @@ impl Equivalent<(i32, String)> for Key<'_> {
     }
 }
 
+/// The value of `(p, id)` in `slots`; when it has none yet, `load`s it and
+/// keeps it there (the id copied only then).
+fn slot_or_load<'m, V>(
+    slots: &'m mut Slots<V>,
+    p: i32,
+    id: &str,
+    load: impl FnOnce() -> Result<V, PipelineError>,
+) -> Result<&'m mut V, PipelineError> {
+    let i = match slots.get_index_of(&Key(p, id)) {
+        Some(i) => i,
+        None => slots.insert_full((p, id.to_owned()), load()?).0,
+    };
+    Ok(&mut slots[i])
+}
+
 impl Applied {
     /// Adds a lane's result (of other partitions) to this one.
     fn absorb(&mut self, other: Applied) {
@@ -145,15 +160,10 @@ impl<'a> Applier<'a> {
         p: i32,
         operation_id: &str,
     ) -> Result<&'m mut OpSlot, PipelineError> {
-        let i = match ops.get_index_of(&Key(p, operation_id)) {
-            Some(i) => i,
-            None => {
-                let (state, timeline) = self.store.load_op(p, operation_id)?;
-                let slot = OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline };
-                ops.insert_full((p, operation_id.to_owned()), slot).0
-            }
-        };
-        Ok(&mut ops[i])
+        slot_or_load(ops, p, operation_id, || {
+            let (state, timeline) = self.store.load_op(p, operation_id)?;
+            Ok(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline })
+        })
     }
 
     /// Decodes the records of `records` that [`Applier::apply_lane`] will
@@ -362,14 +372,8 @@ impl<'a> Applier<'a> {
             let p = r.partition;
             let op = self.slot(&mut ops, p, &ev.operation_id)?;
             let slot = &mut op.state;
-            let entity = match entities.get_index_of(&Key(p, &ev.entity_id)) {
-                Some(i) => &mut entities[i],
-                None => {
-                    let e = self.store.get_entity(p, &ev.entity_id)?;
-                    let i = entities.insert_full((p, ev.entity_id.clone()), e).0;
-                    &mut entities[i]
-                }
-            };
+            let entity =
+                slot_or_load(&mut entities, p, &ev.entity_id, || Ok(self.store.get_entity(p, &ev.entity_id)?))?;
             let pos = SourcePos { partition: p, offset: r.offset };
             let arrival = Arrival::of(&ev, pos, self.policy);
             let arrival = if forged { arrival.without_decision() } else { arrival };
