@@ -16,7 +16,8 @@ struct Applied {
     arrival: Arrival,
     disposition: Disposition,
     outputs: Vec<Output>,
-    exists: bool,
+    /// The operation after the record (`None`: removed).
+    state: Option<OperationState>,
 }
 
 fn bench(c: &mut Criterion) {
@@ -39,7 +40,7 @@ fn bench(c: &mut Criterion) {
         let mut outputs = Vec::new();
         // The demo's own events, taken as signed (the check is not what this measures).
         let disposition = apply(&policy, slot, entity, e.clone(), Authenticity::Signed, pos, &mut outputs).disposition;
-        applied.push(Applied { arrival, disposition, outputs, exists: slot.is_some() });
+        applied.push(Applied { arrival, disposition, outputs, state: slot.clone() });
     }
     // The state after the records, each operation with its timeline's
     // head (empty: written without its timeline).
@@ -64,7 +65,7 @@ fn bench(c: &mut Criterion) {
         let mut heads: HashMap<String, TimelineHead> = HashMap::new();
         for (arrival, a) in arrivals.into_iter().zip(&applied) {
             let head = heads.entry(arrival.operation_id().to_owned()).or_default();
-            timeline::record(batch, head, arrival, a.disposition, &a.outputs, a.exists);
+            timeline::record(batch, head, arrival, a.disposition, &a.outputs, a.state.as_ref());
         }
         heads
     };

@@ -77,12 +77,17 @@ pub struct LastVerdict {
 /// Everything the reconciler knows about one operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationState {
-    /// The operation's id (SPEC §4).
+    /// The operation's id (SPEC §4). Not in the state's serialized form
+    /// (nor is its type): the store's key holds the id and the summary in
+    /// front of the state the type (see `store::encoded::StoredOp`), and
+    /// every byte of the value is paid for at every write of it.
+    #[serde(skip)]
     pub operation_id: String,
     /// The entity it belongs to, fixed by its first event; an event naming
     /// another entity is flagged, never applied.
     pub entity_id: String,
     /// Its type, fixed by its first event; selects the per-type policy.
+    #[serde(skip)]
     pub operation_type: String,
     /// Where it stands in the state machine.
     pub status: Status,
@@ -139,7 +144,11 @@ pub struct OperationState {
     /// Verdicts issued so far; part of each verdict's deterministic id.
     pub verdict_count: u32,
     /// The latest verdict, for the review queue, `explain` and the
-    /// COMPENSATE rule.
+    /// COMPENSATE rule. Not in the state's serialized form: the store writes
+    /// it beside the state, without the id and the reason while the
+    /// operation's own timeline entry of the verdict holds them (see
+    /// `store::encoded::LastVerdictRef`), so they are stored once.
+    #[serde(skip)]
     pub last_verdict: Option<LastVerdict>,
     /// The manual decision being applied, attached to the verdict it
     /// produces; `None` otherwise.

@@ -385,7 +385,7 @@ impl<'a> Applier<'a> {
             let step = core::apply(self.policy, slot, entity, ev, auth, pos, &mut outputs);
             let d = step.disposition;
             self.metrics.event(d, failed, slot.as_ref());
-            timeline::record(&mut batch, &mut op.timeline, arrival, d, &outputs, slot.is_some());
+            timeline::record(&mut batch, &mut op.timeline, arrival, d, &outputs, slot.as_ref());
             *stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if let (Disposition::Held, Some(op)) = (d, slot.as_ref()) {
                 debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, partition = p, offset = r.offset, "Event held for reordering");
@@ -401,7 +401,7 @@ impl<'a> Applier<'a> {
                     self.metrics.superseded(closed);
                     debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, by = %s.by.operation_id, closed, "Operation superseded");
                     let arrival = Arrival::superseded(s);
-                    timeline::record(&mut batch, &mut older.timeline, arrival, d, &outputs, true);
+                    timeline::record(&mut batch, &mut older.timeline, arrival, d, &outputs, Some(op));
                 }
                 self.emit(&mut outputs, silent, &mut batch, stats)?;
             }

@@ -14,8 +14,9 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::keys;
-use super::{Batch, OutboxRecord};
-use crate::core::{OperationState, RepairAction, Status};
+use super::{timeline, Batch, OutboxRecord};
+use crate::core::operation::LastVerdict;
+use crate::core::{Action, OperationState, Outcome, RepairAction, Status};
 
 /// The column families a batch writes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,7 +67,7 @@ pub(crate) enum Write {
 /// An operation as stored: how many timeline entries it has received in
 /// all (read with the state, so recording the timeline needs no read of its
 /// own), the few fields the metrics scan reads (decoded without the rest),
-/// the state, then its latest timeline entries (see
+/// the state, its latest verdict, then its latest timeline entries (see
 /// [`super::timeline::Head`]; last, so that reading the state alone never
 /// decodes them).
 #[derive(Serialize)]
@@ -74,7 +75,75 @@ pub(super) struct StoredOpRef<'a> {
     pub timeline_total: u64,
     pub summary: OpSummaryRef<'a>,
     pub state: &'a OperationState,
+    pub last_verdict: Option<LastVerdictRef<'a>>,
     pub latest: LatestRef<'a>,
+}
+
+impl<'a> StoredOpRef<'a> {
+    /// `state` with its timeline's head, as written.
+    pub(super) fn of(state: &'a OperationState, head: &'a timeline::Head) -> StoredOpRef<'a> {
+        StoredOpRef {
+            timeline_total: head.total,
+            summary: OpSummaryRef::of(state),
+            state,
+            last_verdict: state.last_verdict.as_ref().map(|v| match head.inline_verdict(state) {
+                Some((entry, verdict)) => LastVerdictRef::InEntry {
+                    entry,
+                    verdict,
+                    outcome: v.outcome,
+                    action: v.action,
+                    decided_at: v.decided_at,
+                },
+                None => LastVerdictRef::Whole(v),
+            }),
+            latest: LatestRef(&head.latest),
+        }
+    }
+}
+
+/// An operation's latest verdict as written. Its timeline entry (of the
+/// record that led to it) holds its id and reason too, and is nearly always
+/// still one of the entries in the operation's value: then only where they
+/// are is written (known from the recording, see
+/// [`timeline::Head::inline_verdict`]: nothing is searched). That is about
+/// a hundred bytes, a seventh of a typical operation's value, which every
+/// store write of the operation (write-ahead log, memtable, flush,
+/// compactions) and its changelog record carried twice. Whole when the
+/// entry has moved out of the value (a long timeline).
+#[derive(Serialize)]
+pub(super) enum LastVerdictRef<'a> {
+    Whole(&'a LastVerdict),
+    InEntry {
+        /// Its entry's position among the value's entries.
+        entry: u32,
+        /// Its position among that entry's verdicts.
+        verdict: u32,
+        outcome: Outcome,
+        action: Action,
+        decided_at: i64,
+    },
+}
+
+/// [`LastVerdictRef`] read back.
+#[derive(Deserialize)]
+pub(super) enum StoredLastVerdict {
+    Whole(LastVerdict),
+    InEntry { entry: u32, verdict: u32, outcome: Outcome, action: Action, decided_at: i64 },
+}
+
+impl StoredLastVerdict {
+    /// The verdict whole, its id and reason read from the entry `entry`
+    /// returns by position (the value's inline entries); `None` when that
+    /// entry does not hold them (a damaged store).
+    fn complete<'e>(self, entry: impl FnOnce(u32) -> Option<&'e [u8]>) -> Option<LastVerdict> {
+        match self {
+            StoredLastVerdict::Whole(v) => Some(v),
+            StoredLastVerdict::InEntry { entry: at, verdict, outcome, action, decided_at } => {
+                let (verdict_id, reason) = timeline::verdict_at(entry(at)?, verdict)?;
+                Some(LastVerdict { verdict_id, outcome, action, reason, decided_at })
+            }
+        }
+    }
 }
 
 /// The latest timeline entries as written: each as one byte string.
@@ -97,12 +166,47 @@ pub(super) struct OpSummaryRef<'a> {
 }
 
 /// [`StoredOpRef`] as read back, but for the timeline entries (decode it
-/// as a prefix).
+/// as a prefix; [`StoredOp::into_state`] names the state and completes its
+/// latest verdict).
 #[derive(Deserialize)]
 pub(super) struct StoredOp {
     pub timeline_total: u64,
-    pub _summary: OpSummary,
-    pub state: OperationState,
+    summary: OpSummary,
+    state: OperationState,
+    last_verdict: Option<StoredLastVerdict>,
+}
+
+/// Why a stored operation whose latest verdict is not where its value
+/// says cannot be read (a damaged store).
+pub(super) const NO_VERDICT: &str = "its latest verdict is not in the timeline entry its value names";
+
+impl StoredOp {
+    /// The state of operation `id` (its key's), with its type (the
+    /// summary's): neither is stored a second time in the state. Its
+    /// latest verdict is not read (see [`StoredOp::into_state`]).
+    pub(super) fn into_named(self, id: &str) -> (OperationState, Option<StoredLastVerdict>) {
+        let mut state = self.state;
+        state.operation_id = id.to_owned();
+        state.operation_type = self.summary.operation_type;
+        (state, self.last_verdict)
+    }
+
+    /// The state of operation `id` with its latest verdict; `rest` is what
+    /// follows this prefix in the value (its inline entries), read only
+    /// when the verdict is in one of them. `None`: it is not there (a
+    /// damaged store).
+    pub(super) fn into_state(self, id: &str, rest: &[u8]) -> Option<OperationState> {
+        let (mut state, last_verdict) = self.into_named(id);
+        if let Some(v) = last_verdict {
+            // The entries are read only when the verdict is in one.
+            let entry = |i: u32| {
+                let latest: Vec<&[u8]> = postcard::from_bytes(rest).ok()?;
+                latest.get(usize::try_from(i).ok()?).copied()
+            };
+            state.last_verdict = Some(v.complete(entry)?);
+        }
+        Some(state)
+    }
 }
 
 /// [`StoredOpRef`] as read back whole: postcard writes a struct as its
@@ -114,11 +218,32 @@ pub(super) struct StoredOpWithTimeline {
 }
 
 impl StoredOpWithTimeline {
-    /// The state and the timeline's head; `None` for a head that could not
-    /// have been written (see [`super::timeline::Head::checked`]).
-    pub(super) fn split(self) -> Option<(OperationState, super::timeline::Head)> {
+    /// The state and the timeline's head, or what makes the value one that
+    /// could not have been written: a head of more inline entries than it
+    /// may hold (see [`super::timeline::Head::checked`]), or a latest
+    /// verdict not where the value says.
+    pub(super) fn split(self, id: &str) -> Result<(OperationState, timeline::Head), &'static str> {
+        let timeline_total = self.op.timeline_total;
+        let (mut state, last_verdict) = self.op.into_named(id);
+        // Where the verdict is, noted in the head: a write of the operation
+        // that issues no new verdict leaves it there.
+        let mut at = None;
+        if let Some(v) = last_verdict {
+            if let StoredLastVerdict::InEntry { entry, verdict, .. } = v {
+                at = Some((entry, verdict));
+            }
+            let entry = |i: u32| self.latest.get(usize::try_from(i).ok()?).map(|b| &b[..]);
+            state.last_verdict = Some(v.complete(entry).ok_or(NO_VERDICT)?);
+        }
         let latest = self.latest.into_iter().map(serde_bytes::ByteBuf::into_vec).collect();
-        Some((self.op.state, super::timeline::Head::checked(self.op.timeline_total, latest)?))
+        let mut head = timeline::Head::checked(timeline_total, latest)
+            .ok_or("its timeline holds more entries in the value than it may")?;
+        head.verdict = at.map(|(entry, index)| timeline::VerdictAt {
+            ordinal: head.first_inline() + u64::from(entry),
+            index,
+            count: state.verdict_count,
+        });
+        Ok((state, head))
     }
 }
 
@@ -287,16 +412,7 @@ impl Batch {
         }
         for (key, (p, id, state, head)) in by_key(self.ops.iter().map(|op| (keys::scoped(op.0, &op.1), op))) {
             match state {
-                Some(state) => part.put(
-                    Family::Ops,
-                    &key,
-                    &StoredOpRef {
-                        timeline_total: head.total,
-                        summary: OpSummaryRef::of(state),
-                        state,
-                        latest: LatestRef(&head.latest),
-                    },
-                ),
+                Some(state) => part.put(Family::Ops, &key, &StoredOpRef::of(state, head)),
                 None => {
                     part.delete(Family::Ops, &key);
                     // Out of retention: the entries its value did not hold

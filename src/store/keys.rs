@@ -9,6 +9,11 @@ pub(crate) fn scoped(partition: i32, id: &str) -> Vec<u8> {
     k
 }
 
+/// The id of a key made by [`scoped`] (`None`: too short, or not UTF-8).
+pub(crate) fn scoped_id(key: &[u8]) -> Option<&str> {
+    key.get(4..).and_then(|id| std::str::from_utf8(id).ok())
+}
+
 /// Order-preserving encoding of a signed time.
 fn time_bytes(at: i64) -> [u8; 8] {
     ((at as u64) ^ (1 << 63)).to_be_bytes()

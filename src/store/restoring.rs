@@ -80,11 +80,11 @@ impl TimerMoves {
         let before = match self.staged.get(key) {
             Some(t) => t.clone(),
             None => match store.get_raw(Family::Ops, key)? {
-                Some(v) => store.timer_of(partition, &v)?.map(|(k, _)| k),
+                Some(v) => store.timer_of(partition, key, &v)?.map(|(k, _)| k),
                 None => None,
             },
         };
-        let after = value.map(|v| store.timer_of(partition, v)).transpose()?.flatten();
+        let after = value.map(|v| store.timer_of(partition, key, v)).transpose()?.flatten();
         let cf = store.cf(TIMERS);
         if let Some(k) = before.as_ref().filter(|k| after.as_ref().map(|(a, _)| a) != Some(*k)) {
             wb.delete_cf(cf, k);

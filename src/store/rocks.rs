@@ -8,7 +8,7 @@ use rocksdb::{
 };
 use serde::de::DeserializeOwned;
 
-use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, StoredOpWithTimeline, Write};
+use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, StoredOpWithTimeline, Write, NO_VERDICT};
 use super::keys;
 use super::restoring::Restoring;
 use super::timeline::{Head, Timeline, TimelineEntry, TIMELINE_CAP};
@@ -101,8 +101,12 @@ pub enum StoreError {
 /// entry stores its body's fields, not their rendered summary, and names
 /// its verdicts' and anomalies' event only when that is not its own (see
 /// [`super::summary`]); an operation keeps an applied event's id once, in
-/// its revision's record (`OperationState::seen_event_ids`).
-pub(super) const FORMAT: u32 = 5;
+/// its revision's record (`OperationState::seen_event_ids`). 6: an
+/// operation's latest verdict follows its state, and names the timeline
+/// entry that holds its id and reason rather than holding them again (see
+/// [`super::encoded::LastVerdictRef`]); its state leaves out its id and
+/// type, which its key and its summary hold.
+pub(super) const FORMAT: u32 = 6;
 
 /// The size of a store ([`Store::size`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -156,19 +160,32 @@ fn short<T>(what: &'static str, part: Option<T>, bytes: &[u8]) -> Result<T, Stor
     part.ok_or_else(|| StoreError::Corrupt { what, reason: format!("{} bytes is too short", bytes.len()) })
 }
 
-/// A stored operation value: its state and its timeline's head.
-fn op_with_head(bytes: &[u8]) -> Result<(OperationState, Head), StoreError> {
-    decode::<StoredOpWithTimeline>("operation", bytes)?.split().ok_or_else(|| StoreError::Corrupt {
-        what: "operation",
-        reason: "its timeline holds more entries in the value than it may".into(),
-    })
+/// Stored operation `id`'s value: its state and its timeline's head.
+fn op_with_head(id: &str, bytes: &[u8]) -> Result<(OperationState, Head), StoreError> {
+    decode::<StoredOpWithTimeline>("operation", bytes)?
+        .split(id)
+        .map_err(|reason| StoreError::Corrupt { what: "operation", reason: reason.into() })
 }
 
-/// A stored operation's value (`None`: not stored) as its state and its
+/// Stored operation `id`'s state alone (its latest verdict completed from
+/// its timeline entry when the value keeps it there), without copying the
+/// timeline's head.
+fn state_of(id: &str, bytes: &[u8]) -> Result<OperationState, StoreError> {
+    let (op, rest) = decode_with_rest::<StoredOp>("operation", bytes)?;
+    op.into_state(id, rest).ok_or_else(|| StoreError::Corrupt { what: "operation", reason: NO_VERDICT.into() })
+}
+
+/// The operation id of an operations key (its state does not store it).
+fn op_id(key: &[u8]) -> Result<&str, StoreError> {
+    keys::scoped_id(key)
+        .ok_or_else(|| StoreError::Corrupt { what: "operation key", reason: "not an operation id".into() })
+}
+
+/// Stored operation `id`'s value (`None`: not stored) as its state and its
 /// timeline's head; one rule for the reads of one key and of many.
-fn op_or_empty(value: Option<&[u8]>) -> Result<(Option<OperationState>, Head), StoreError> {
+fn op_or_empty(id: &str, value: Option<&[u8]>) -> Result<(Option<OperationState>, Head), StoreError> {
     match value {
-        Some(b) => op_with_head(b).map(|(state, head)| (Some(state), head)),
+        Some(b) => op_with_head(id, b).map(|(state, head)| (Some(state), head)),
         None => Ok((None, Head::default())),
     }
 }
@@ -359,15 +376,15 @@ impl Store {
     pub fn get_op(&self, partition: i32, operation_id: &str) -> Result<Option<OperationState>, StoreError> {
         self.db
             .get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))?
-            .map(|b| decode_prefix::<StoredOp>("operation", &b).map(|s| s.state))
+            .map(|b| state_of(operation_id, &b))
             .transpose()
     }
 
     /// The timer index entry of stored operation value `value` of
-    /// `partition` (key and value, as [`Batch::move_timer`] writes it), if
-    /// it has a timer.
-    pub(super) fn timer_of(&self, partition: i32, value: &[u8]) -> Result<Option<KeyValue>, StoreError> {
-        let op = decode_prefix::<StoredOp>("operation", value)?.state;
+    /// `partition` under `key` (key and value, as [`Batch::move_timer`]
+    /// writes it), if it has a timer.
+    pub(super) fn timer_of(&self, partition: i32, key: &[u8], value: &[u8]) -> Result<Option<KeyValue>, StoreError> {
+        let (op, _) = decode_prefix::<StoredOp>("operation", value)?.into_named(op_id(key)?);
         Ok(op.timer_at.map(|at| {
             let key = keys::timer(partition, at, &op.operation_id);
             let entry = TimerEntry {
@@ -383,7 +400,10 @@ impl Store {
     /// An operation's state with its timeline's head (empty when there is
     /// no such operation).
     pub fn load_op(&self, partition: i32, operation_id: &str) -> Result<(Option<OperationState>, Head), StoreError> {
-        op_or_empty(self.db.get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))?.as_deref())
+        op_or_empty(
+            operation_id,
+            self.db.get_pinned_cf(self.cf(OPS), keys::scoped(partition, operation_id))?.as_deref(),
+        )
     }
 
     /// [`Store::load_op`] of each `(partition, operation_id)`, in one
@@ -398,16 +418,16 @@ impl Store {
     /// [`Store::get_entity`] of each `(partition, entity_id)`, in one
     /// batched read (see [`Store::load_ops`]).
     pub fn get_entities(&self, ids: &[(i32, &str)]) -> Result<Vec<EntityState>, StoreError> {
-        self.multi_get(ENTITIES, ids, entity_or_empty)
+        self.multi_get(ENTITIES, ids, |_, v| entity_or_empty(v))
     }
 
     /// The values of `ids`' keys in `family` (`None`: absent), each
-    /// decoded by `read`, in the order of `ids`.
+    /// decoded by `read` with its id, in the order of `ids`.
     fn multi_get<T>(
         &self,
         family: &str,
         ids: &[(i32, &str)],
-        read: impl Fn(Option<&[u8]>) -> Result<T, StoreError>,
+        read: impl Fn(&str, Option<&[u8]>) -> Result<T, StoreError>,
     ) -> Result<Vec<T>, StoreError> {
         let keys: Vec<Vec<u8>> = ids.iter().map(|(p, id)| keys::scoped(*p, id)).collect();
         // MultiGet sorts the keys unless told they are sorted (its sort
@@ -417,8 +437,8 @@ impl Store {
         // Sized up front: collecting `Result`s cannot tell the length, and
         // an operation's slot is large, so each doubling copied them all.
         let mut out = Vec::with_capacity(keys.len());
-        for v in self.db.batched_multi_get_cf(self.cf(family), &keys, sorted) {
-            out.push(read(v?.as_deref())?);
+        for ((_, id), v) in ids.iter().zip(self.db.batched_multi_get_cf(self.cf(family), &keys, sorted)) {
+            out.push(read(id, v?.as_deref())?);
         }
         Ok(out)
     }
@@ -506,24 +526,24 @@ impl Store {
     /// Visits the operations of `partition` one at a time, without holding
     /// them all in memory; stops early when `visit` returns false.
     pub fn scan_ops(&self, partition: i32, mut visit: impl FnMut(OperationState) -> bool) -> Result<(), StoreError> {
-        self.scan_op_values(partition, |v| Ok(visit(decode_prefix::<StoredOp>("operation", v)?.state)))
+        self.scan_op_values(partition, |id, v| Ok(visit(state_of(id, v)?)))
     }
 
     /// Visits the summaries of the operations of `partition` (decoding
     /// nothing else); stops early when `visit` returns false.
     pub fn scan_summaries(&self, partition: i32, mut visit: impl FnMut(OpSummary) -> bool) -> Result<(), StoreError> {
-        self.scan_op_values(partition, |v| {
+        self.scan_op_values(partition, |_, v| {
             let (_, summary) = decode_prefix::<(u64, OpSummary)>("operation", v)?;
             Ok(visit(summary))
         })
     }
 
-    /// The stored values of the operations of `partition`, in key order,
-    /// until `visit` returns false.
+    /// The stored values of the operations of `partition` with their ids,
+    /// in key order, until `visit` returns false.
     fn scan_op_values(
         &self,
         partition: i32,
-        mut visit: impl FnMut(&[u8]) -> Result<bool, StoreError>,
+        mut visit: impl FnMut(&str, &[u8]) -> Result<bool, StoreError>,
     ) -> Result<(), StoreError> {
         let prefix = keys::partition_prefix(partition);
         // A scan of every operation (the metrics sampler's, the review
@@ -535,7 +555,10 @@ impl Store {
         let from = IteratorMode::From(&prefix, Direction::Forward);
         for item in self.db.iterator_cf_opt(self.cf(OPS), once, from) {
             let (k, v) = item?;
-            if !k.starts_with(&prefix) || !visit(&v)? {
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            if !visit(op_id(&k)?, &v)? {
                 break;
             }
         }
@@ -580,7 +603,7 @@ impl Store {
         // value into ring slots read before it.
         let snapshot = self.db.snapshot();
         let head = match snapshot.get_cf(self.cf(OPS), keys::scoped(partition, operation_id))? {
-            Some(b) => op_with_head(&b)?.1,
+            Some(b) => op_with_head(operation_id, &b)?.1,
             None => Head::default(),
         };
         let retained = head.total.saturating_sub(TIMELINE_CAP)..head.first_inline();

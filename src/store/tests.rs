@@ -22,6 +22,11 @@ pub(crate) fn temp(name: &str) -> TempDir {
     TempDir(dir)
 }
 
+/// How many times `needle` occurs in stored bytes `hay`.
+fn occurrences(hay: &[u8], needle: &str) -> usize {
+    hay.windows(needle.len()).filter(|w| *w == needle.as_bytes()).count()
+}
+
 fn record(n: u8) -> OutboxRecord {
     OutboxRecord {
         topic: "out".into(),
@@ -92,8 +97,14 @@ fn an_operation_is_read_back_with_its_timeline_total() {
     let mut batch = Batch::default();
     batch.put_op(0, "op-1".into(), Some(state.clone()), TimelineHead::of_total(7));
     store.commit(batch).unwrap();
+    // Its id is its key's and its type is stored once, in the summary;
+    // every read names the state with both.
+    let value = store.get_raw(encoded::Family::Ops, &keys::scoped(0, "op-1")).unwrap().unwrap();
+    assert_eq!((occurrences(&value, "op-1"), occurrences(&value, "sync")), (0, 1));
     assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), TimelineHead::of_total(7)));
+    assert_eq!(store.load_ops(&[(0, "op-1")]).unwrap(), vec![(Some(state.clone()), TimelineHead::of_total(7))]);
     assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
+    assert_eq!(store.ops_of(0).unwrap(), vec![state.clone()]);
     assert_eq!(store.timeline_total(0, "op-1").unwrap(), 7);
     assert_eq!(store.load_op(1, "op-1").unwrap(), (None, TimelineHead::default()), "scoped by partition");
     let mut seen = Vec::new();
@@ -193,6 +204,7 @@ fn values_of_the_wrong_size_are_corrupt_not_a_panic() {
         timeline_total: 1,
         summary: encoded::OpSummaryRef::of(&state),
         state: &state,
+        last_verdict: None,
         latest: encoded::LatestRef(&latest),
     };
     store.db.put_cf(store.cf("ops"), keys::scoped(2, "op-1"), postcard::to_allocvec(&stored).unwrap()).unwrap();
@@ -252,7 +264,7 @@ fn the_latest_timeline_entries_live_in_the_operation_and_older_ones_move_out() {
         let mut batch = Batch::default();
         for offset in range {
             let a = timeline::Arrival::of(&ev, SourcePos { partition: 0, offset: offset as i64 }, &policy);
-            timeline::record(&mut batch, &mut head, a, Disposition::Applied, &[], true);
+            timeline::record(&mut batch, &mut head, a, Disposition::Applied, &[], Some(&state));
         }
         batch.put_op(0, "op-1".into(), Some(state), head);
         store.commit(batch).unwrap();
@@ -276,10 +288,10 @@ fn the_latest_timeline_entries_live_in_the_operation_and_older_ones_move_out() {
     let mut big = Event::deadline_reached("op-2", "ent-1", "sync", 5);
     big.producer = "p".repeat(timeline::INLINE_BYTES + 1);
     let small = Event::deadline_reached("op-2", "ent-1", "sync", 6);
-    let (mut head, mut batch) = (TimelineHead::default(), Batch::default());
+    let (mut head, mut batch, state) = (TimelineHead::default(), Batch::default(), OperationState::new(&small));
     for (offset, ev) in [&big, &small].into_iter().enumerate() {
         let a = timeline::Arrival::of(ev, SourcePos { partition: 0, offset: offset as i64 }, &policy);
-        timeline::record(&mut batch, &mut head, a, Disposition::Applied, &[], true);
+        timeline::record(&mut batch, &mut head, a, Disposition::Applied, &[], Some(&state));
     }
     assert_eq!((head.total, head.latest.len(), batch.timeline.len()), (2, 1, 1));
 }
@@ -387,4 +399,89 @@ fn due_timers_do_not_walk_deleted_future_timers() {
     // Later, the live timer past the deleted ones is still found.
     let due = store.due_timers(0, 2_000_000, 100).unwrap();
     assert_eq!(due.iter().map(|t| t.operation_id.as_str()).collect::<Vec<_>>(), ["due", "live-later"]);
+}
+
+/// An operation's latest verdict is stored once: its id and reason stay in
+/// the timeline entry of the record that led to it, the value names that
+/// entry, and every read returns the verdict whole. Once the entry has
+/// moved out of the value, the verdict is stored whole again; a value
+/// naming an entry it does not hold is corrupt, not misread.
+#[test]
+fn a_latest_verdict_is_stored_once_and_read_back_whole() {
+    use crate::core::event::{Body, Requested};
+    use crate::core::{Authenticity, Disposition, EntityState, Policy, SourcePos};
+    let dir = temp("store-last-verdict");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let policy = Policy::default();
+    let requested = Event {
+        seq: Some(1),
+        occurred_at: 1_000,
+        producer: "svc".into(),
+        body: Body::Requested(Requested {
+            destination: "crm".into(),
+            confirm_within_ms: Some(10),
+            ..Default::default()
+        }),
+        ..Event::deadline_reached("op-1", "ent-1", "sync", 0)
+    };
+    let stored = |store: &Store| store.get_raw(encoded::Family::Ops, &keys::scoped(0, "op-1")).unwrap().unwrap();
+    // The request, then its deadline: a verdict, recorded in the timeline
+    // as the pipeline records it.
+    let (mut slot, mut head, mut entity) = (None, TimelineHead::default(), EntityState::default());
+    let mut batch = Batch::default();
+    for (offset, ev) in [requested, Event::deadline_reached("op-1", "ent-1", "sync", 1_010)].into_iter().enumerate() {
+        let pos = SourcePos { partition: 0, offset: offset as i64 };
+        let a = timeline::Arrival::of(&ev, pos, &policy);
+        let mut out = Vec::new();
+        let d =
+            crate::core::apply(&policy, &mut slot, &mut entity, ev, Authenticity::Unsigned, pos, &mut out).disposition;
+        timeline::record(&mut batch, &mut head, a, d, &out, slot.as_ref());
+    }
+    let state = slot.clone().unwrap();
+    let v = state.last_verdict.clone().expect("the deadline decided a verdict");
+    assert!(!v.reason.is_empty());
+    batch.put_op(0, "op-1".into(), slot.clone(), head.clone());
+    store.commit(batch).unwrap();
+    let value = stored(&store);
+    assert_eq!((occurrences(&value, &v.verdict_id), occurrences(&value, &v.reason)), (1, 1), "id and reason once");
+    assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), head.clone()));
+    assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
+    assert_eq!(store.ops_of(0).unwrap(), vec![state.clone()]);
+    // Enough entries after it that the verdict's entry moves out of the
+    // value: the verdict is then stored whole.
+    let mut batch = Batch::default();
+    for offset in 2..2 + timeline::INLINE_ENTRIES as i64 {
+        let ev = Event::deadline_reached("op-1", "ent-1", "sync", 1_010);
+        let a = timeline::Arrival::of(&ev, SourcePos { partition: 0, offset }, &policy);
+        timeline::record(&mut batch, &mut head, a, Disposition::Duplicate, &[], slot.as_ref());
+    }
+    batch.put_op(0, "op-1".into(), slot, head.clone());
+    store.commit(batch).unwrap();
+    let value = stored(&store);
+    assert_eq!((occurrences(&value, &v.verdict_id), occurrences(&value, &v.reason)), (1, 1), "whole, in the value");
+    assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), head));
+    assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
+    let t = store.timeline(0, "op-1").unwrap();
+    let noted = t.entries.iter().flat_map(|e| &e.verdicts).map(|n| (&n.verdict_id, &n.reason));
+    assert_eq!(noted.collect::<Vec<_>>(), vec![(&v.verdict_id, &v.reason)], "the timeline still shows it");
+    // A value naming an entry it does not hold.
+    let latest = std::collections::VecDeque::new();
+    let damaged = encoded::StoredOpRef {
+        timeline_total: 0,
+        summary: encoded::OpSummaryRef::of(&state),
+        state: &state,
+        last_verdict: Some(encoded::LastVerdictRef::InEntry {
+            entry: 0,
+            verdict: 0,
+            outcome: v.outcome,
+            action: v.action,
+            decided_at: v.decided_at,
+        }),
+        latest: encoded::LatestRef(&latest),
+    };
+    store.db.put_cf(store.cf("ops"), keys::scoped(0, "op-1"), postcard::to_allocvec(&damaged).unwrap()).unwrap();
+    for err in [store.load_op(0, "op-1").unwrap_err(), store.get_op(0, "op-1").unwrap_err()] {
+        assert!(matches!(err, StoreError::Corrupt { what: "operation", .. }), "{err}");
+        assert!(err.to_string().contains("latest verdict is not in the timeline entry"), "{err}");
+    }
 }

@@ -30,6 +30,9 @@
 //! summary (see [`super::summary`]), and the event its anomalies and
 //! verdicts name only when that is not its own. Reading renders the
 //! summary and fills the ids in ([`TimelineEntry`] is what readers see).
+//! The entry of the record that led to an operation's latest verdict is
+//! also where that verdict's id and reason are stored while the entry is in
+//! the operation's value ([`Head::verdict`], `encoded::LastVerdictRef`).
 
 use std::collections::VecDeque;
 
@@ -40,7 +43,7 @@ use super::summary::Fields;
 use super::Batch;
 use crate::core::event::{Body, Event, SourcePos};
 use crate::core::output::ManualDecisionRecord;
-use crate::core::{Action, AnomalyKind, Disposition, Outcome, Output, Policy, Status, Supersede};
+use crate::core::{Action, AnomalyKind, Disposition, OperationState, Outcome, Output, Policy, Status, Supersede};
 
 /// Most entries kept per operation. Real operations have a handful of
 /// events; the cap only bites for a producer looping on one operation, and
@@ -70,13 +73,38 @@ pub struct Head {
     pub total: u64,
     /// The latest entries, oldest first.
     pub latest: VecDeque<Vec<u8>>,
+    /// Which of them holds the operation's latest verdict, if one does:
+    /// its value then stores the verdict's id and reason only there (see
+    /// `encoded::LastVerdictRef`).
+    pub(crate) verdict: Option<VerdictAt>,
+}
+
+/// Where an operation's latest verdict is in its timeline: the entry of
+/// the record that led to it and its position among that entry's verdicts,
+/// with the operation's verdict count then (it is that verdict as long as
+/// the count has not moved on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VerdictAt {
+    pub ordinal: u64,
+    pub index: u32,
+    pub count: u32,
 }
 
 impl Head {
     /// A head of `total` entries whose latest are all out of the value
     /// (tests, and operations written without their entries).
     pub fn of_total(total: u64) -> Head {
-        Head { total, latest: VecDeque::new() }
+        Head { total, ..Head::default() }
+    }
+
+    /// Where `op`'s latest verdict is among the inline entries: its
+    /// entry's position there and its own among the entry's verdicts.
+    /// `None` when it is not in one (none yet, the entry moved out of the
+    /// value, or a verdict recorded nowhere since).
+    pub(crate) fn inline_verdict(&self, op: &OperationState) -> Option<(u32, u32)> {
+        let at = self.verdict.filter(|at| at.count == op.verdict_count && op.last_verdict.is_some())?;
+        let entry = at.ordinal.checked_sub(self.first_inline()).filter(|e| *e < self.latest.len() as u64)?;
+        Some((u32::try_from(entry).ok()?, at.index))
     }
 
     /// The ordinal of the oldest inline entry: entries before it are in
@@ -95,7 +123,11 @@ impl Head {
     /// damaged store): more inline entries than entries, or than the value
     /// may hold.
     pub(crate) fn checked(total: u64, latest: VecDeque<Vec<u8>>) -> Option<Head> {
-        (latest.len() as u64 <= total && latest.len() <= INLINE_ENTRIES).then_some(Head { total, latest })
+        (latest.len() as u64 <= total && latest.len() <= INLINE_ENTRIES).then_some(Head {
+            total,
+            latest,
+            verdict: None,
+        })
     }
 
     /// Appends an entry (of ordinal `total`); then the oldest inline
@@ -110,6 +142,9 @@ impl Head {
             let Some(v) = self.latest.pop_front() else { break };
             bytes -= v.len();
             out.push((ordinal, v));
+        }
+        if self.verdict.is_some_and(|at| at.ordinal < self.first_inline()) {
+            self.verdict = None;
         }
         out
     }
@@ -255,40 +290,42 @@ struct VerdictRef<'a> {
 
 /// An entry as stored: [`ArrivalFields`] and [`Decided`] after its ordinal,
 /// read back. [`StoredEntry::into_entry`] makes it the [`TimelineEntry`]
-/// readers see.
+/// readers see. `S` is `String`, or `&str` to read a stored operation's
+/// latest verdict out of its entry without copying the rest
+/// ([`verdict_at`]).
 #[derive(Deserialize)]
-struct StoredEntry {
+struct StoredEntry<S = String> {
     ordinal: u64,
     partition: i32,
     offset: i64,
-    event_id: String,
+    event_id: S,
     seq: Option<i64>,
     occurred_at: i64,
-    producer: String,
-    fields: Fields<String>,
+    producer: S,
+    fields: Fields<S>,
     disposition: Disposition,
-    anomalies: Vec<StoredAnomaly>,
-    verdicts: Vec<StoredVerdict>,
+    anomalies: Vec<StoredAnomaly<S>>,
+    verdicts: Vec<StoredVerdict<S>>,
     manual: Option<ManualDecisionRecord>,
 }
 
 /// [`AnomalyRef`] read back.
 #[derive(Deserialize)]
-struct StoredAnomaly {
+struct StoredAnomaly<S> {
     kind: AnomalyKind,
-    other_event_id: Option<String>,
-    detail: String,
+    other_event_id: Option<S>,
+    detail: S,
 }
 
 /// [`VerdictRef`] read back.
 #[derive(Deserialize)]
-struct StoredVerdict {
-    verdict_id: String,
+struct StoredVerdict<S> {
+    verdict_id: S,
     outcome: Outcome,
     action: Action,
     state: Status,
-    reason: String,
-    other_trigger_event_id: Option<String>,
+    reason: S,
+    other_trigger_event_id: Option<S>,
 }
 
 impl StoredEntry {
@@ -333,6 +370,14 @@ impl StoredEntry {
 /// timeline family).
 pub(super) fn decode_entry(bytes: &[u8]) -> Result<TimelineEntry, postcard::Error> {
     postcard::from_bytes::<StoredEntry>(bytes).map(StoredEntry::into_entry)
+}
+
+/// The id and reason of verdict `index` of stored entry `entry`; `None`
+/// when the entry cannot be read or has no such verdict.
+pub(super) fn verdict_at(entry: &[u8], index: u32) -> Option<(String, String)> {
+    let e = postcard::from_bytes::<StoredEntry<&str>>(entry).ok()?;
+    let v = e.verdicts.get(usize::try_from(index).ok()?)?;
+    Some((v.verdict_id.to_owned(), v.reason.to_owned()))
 }
 
 /// `id`, unless it is `own` (the entry's event, which the entry names
@@ -413,20 +458,28 @@ impl Arrival {
 
 /// Records what became of arrival `a` (its disposition and the outputs its
 /// processing produced) in the operation's timeline `head`, which is
-/// stored with its state; an entry the head no longer holds goes to
-/// `batch`. `exists` is whether the operation still exists afterwards (a
-/// timer for a removed operation leaves no trace that nothing would
-/// delete).
+/// stored with its state `op` (as it is afterwards: `None` when it no
+/// longer exists, and a timer for a removed operation leaves no trace that
+/// nothing would delete); an entry the head no longer holds goes to
+/// `batch`.
 pub fn record(
     batch: &mut Batch,
     head: &mut Head,
     a: Arrival,
     disposition: Disposition,
     outputs: &[Output],
-    exists: bool,
+    op: Option<&OperationState>,
 ) {
-    if !exists {
-        return;
+    let Some(op) = op else { return };
+    // The operation's latest verdict, if this record led to it.
+    if let Some(last) = &op.last_verdict {
+        let mut verdicts = outputs.iter().filter_map(|o| match o {
+            Output::Verdict(v) => Some(&v.verdict_id),
+            _ => None,
+        });
+        if let Some(Ok(index)) = verdicts.position(|id| *id == last.verdict_id).map(u32::try_from) {
+            head.verdict = Some(VerdictAt { ordinal: head.total, index, count: op.verdict_count });
+        }
     }
     let value = entry_value(head.total, &a, disposition, outputs);
     for (ordinal, out) in head.push(value) {
