@@ -15,6 +15,7 @@ mod names;
 pub mod operation;
 pub mod output;
 pub mod policy;
+pub mod reason;
 pub mod redact;
 pub mod trust;
 pub mod verdict;

@@ -13,6 +13,7 @@ use super::output::{
     Action, AnomalyKind, Escalation, ManualDecisionRecord, Outcome, Output, RepairAction, Status, Supersession,
 };
 use super::policy::Policy;
+use super::reason::{Reason, Template};
 use super::verdict::{self, VerdictDraft};
 
 /// The expectation, fixed when the operation is requested.
@@ -465,9 +466,9 @@ impl OperationState {
                 } else {
                     self.set_status(Status::ManualReview, at);
                     let reason = if *error_class == ErrorClass::Permanent {
-                        format!("Attempt {attempt} failed permanently ({error_code}): the effect does not exist and retrying will not create it.")
+                        Reason::of(Template::FailedPermanently, &[attempt, error_code])
                     } else {
-                        format!("Attempt {attempt} failed ({error_code}) and the limit of {max} attempts is reached: the effect does not exist.")
+                        Reason::of(Template::FailedAtLimit, &[attempt, error_code, &max])
                     };
                     self.verdict(policy, trigger, Outcome::Missing, Action::ManualReview, reason, out);
                 }
@@ -489,14 +490,12 @@ impl OperationState {
                 let source = verdict::source_name(*source);
                 if self.idempotent() || !self.started {
                     let why = if self.idempotent() { "the operation is idempotent" } else { "it was never started" };
-                    let requeue = format!("A {source} found no effect; requeue is safe because {why}.");
-                    let escalate = |n| {
-                        format!("A {source} found no effect, and the operation was already requeued {n} time(s), the limit: a person must decide.")
-                    };
+                    let requeue = Reason::of(Template::AbsentRequeue, &[&source, &why]);
+                    let escalate = |n| Reason::of(Template::AbsentExhausted, &[&source, &n]);
                     self.requeue_or_escalate(policy, trigger, requeue, escalate, out);
                 } else {
                     self.set_status(Status::ManualReview, at);
-                    let reason = format!("A {source} found no effect, but the operation is not idempotent and was attempted: a person must decide.");
+                    let reason = Reason::of(Template::AbsentReview, &[&source]);
                     self.verdict(policy, trigger, Outcome::Missing, Action::ManualReview, reason, out);
                 }
             }
@@ -512,7 +511,7 @@ impl OperationState {
                     return false;
                 }
                 self.set_status(Status::NotApplicable, at);
-                let reason = format!("Cancelled: {reason}.");
+                let reason = Reason::of(Template::Cancelled, &[reason]);
                 self.verdict(policy, trigger, Outcome::NotApplicable, Action::Close, reason, out);
             }
             Body::ManualDecision { actor, decision, note, evidence_checked } => {
@@ -549,7 +548,7 @@ impl OperationState {
                     // (it is not one of the automatic ones it counts).
                     self.arm_follow_up(policy, RepairAction::Requeue, at);
                 }
-                let reason = format!("{actor} {what} after manual review: {note}");
+                let reason = Reason::of(Template::Manual, &[actor, &what, note]);
                 self.verdict(policy, trigger, outcome, action, reason, out);
                 self.manual = None;
             }
@@ -633,10 +632,7 @@ impl OperationState {
                 self.remote_ids.push(rid.clone());
                 if self.remote_ids.len() > 1 {
                     self.set_status(Status::ManualReview, at);
-                    let reason = format!(
-                        "A {source} found the effect a second time under remote id {rid} (first: {}): it exists more than once.",
-                        self.remote_ids[0]
-                    );
+                    let reason = Reason::of(Template::DuplicateEffect, &[&source, rid, &self.remote_ids[0]]);
                     self.verdict(policy, trigger, Outcome::DuplicateEffect, Action::Compensate, reason, out);
                     return true;
                 }
@@ -663,12 +659,12 @@ impl OperationState {
             let confirmed = o.observed_version.or(req.expected_version);
             entity.confirmed_version = entity.confirmed_version.max(confirmed);
             self.set_status(Status::Confirmed, at);
-            let reason = format!("A {source} found the effect with {expected} as expected.");
+            let reason = Reason::of(Template::AsExpected, &[&source, &expected]);
             self.verdict(policy, trigger, Outcome::Correct, Action::None, reason, out);
         } else {
             self.set_status(Status::ManualReview, at);
             let observed = describe_expectation(o.observed_version, o.observed_fingerprint.as_deref());
-            let reason = format!("A {source} found the effect with {observed} where {expected} was expected: never overwritten automatically.");
+            let reason = Reason::of(Template::Divergent, &[&source, &observed, &expected]);
             self.verdict(policy, trigger, Outcome::Divergent, Action::ManualReview, reason, out);
         }
         true
@@ -682,8 +678,8 @@ impl OperationState {
         &mut self,
         policy: &Policy,
         trigger: Trigger<'_>,
-        requeue: String,
-        escalate: impl FnOnce(u32) -> String,
+        requeue: Reason,
+        escalate: impl FnOnce(u32) -> Reason,
         out: &mut Vec<Output>,
     ) {
         let at = trigger.at;
@@ -715,31 +711,31 @@ impl OperationState {
             Status::Pending => self.requeue_or_escalate(
                 policy,
                 trigger,
-                format!("Never started within {window} ms of the request: requeue is safe."),
-                |n| format!("Never started within {window} ms of the request, and already requeued {n} time(s), the limit: a person must decide."),
+                Reason::of(Template::NeverStarted, &[&window]),
+                |n| Reason::of(Template::NeverStartedExhausted, &[&window, &n]),
                 out,
             ),
             Status::Processing | Status::RetryScheduled if idempotent => self.requeue_or_escalate(
                 policy,
                 trigger,
-                format!("No effect confirmed within {window} ms after {attempts} attempt(s); the operation is idempotent, so requeue."),
-                |n| format!("No effect confirmed within {window} ms after {attempts} attempt(s), and already requeued {n} time(s), the limit: a person must decide."),
+                Reason::of(Template::NoEffectRequeue, &[&window, &attempts]),
+                |n| Reason::of(Template::NoEffectExhausted, &[&window, &attempts, &n]),
                 out,
             ),
             Status::Processing | Status::RetryScheduled => {
                 self.set_status(Status::ManualReview, at);
-                let reason = format!("No effect confirmed within {window} ms after {attempts} attempt(s), and the operation is not idempotent: a retry could duplicate it.");
+                let reason = Reason::of(Template::NoEffectReview, &[&window, &attempts]);
                 self.verdict(policy, trigger, Outcome::Ambiguous, Action::ManualReview, reason, out);
             }
             Status::AwaitingConfirmation if has_key => {
                 self.set_status(Status::AwaitingConfirmation, at);
                 self.arm_follow_up(policy, RepairAction::Probe, at);
-                let reason = format!("The outcome of attempt {attempts} is unknown after {window} ms: probe the destination with the idempotency key.");
+                let reason = Reason::of(Template::UnknownProbe, &[&attempts, &window]);
                 self.verdict(policy, trigger, Outcome::Ambiguous, Action::Probe, reason, out);
             }
             Status::AwaitingConfirmation => {
                 self.set_status(Status::ManualReview, at);
-                let reason = format!("The outcome of attempt {attempts} is unknown after {window} ms and there is no idempotency key to probe with.");
+                let reason = Reason::of(Template::UnknownNoKey, &[&attempts, &window]);
                 self.verdict(policy, trigger, Outcome::Ambiguous, Action::ManualReview, reason, out);
             }
             _ => {}
@@ -756,7 +752,7 @@ impl OperationState {
         match f.action {
             RepairAction::Probe => {
                 self.set_status(Status::ManualReview, trigger.at);
-                let reason = format!("The probe was not answered within {window} ms (no new evidence for the operation): a person must decide.");
+                let reason = Reason::of(Template::ProbeUnanswered, &[&window]);
                 let draft = VerdictDraft::new(trigger, Outcome::Ambiguous, Action::ManualReview, reason)
                     .escalated(Escalation::ProbeUnanswered);
                 verdict::emit(self, policy, draft, out);
@@ -764,8 +760,8 @@ impl OperationState {
             RepairAction::Requeue => self.requeue_or_escalate(
                 policy,
                 trigger,
-                format!("No new attempt started within {window} ms of the requeue: requeue again."),
-                |n| format!("Requeued {n} time(s), no new attempt started within {window} ms of the last requeue: a person must decide."),
+                Reason::of(Template::RequeueAgain, &[&window]),
+                |n| Reason::of(Template::RequeueExhausted, &[&n, &window]),
                 out,
             ),
         }
@@ -796,11 +792,9 @@ impl OperationState {
         self.superseded_by = Some(by.clone());
         self.set_status(Status::NotApplicable, trigger.at);
         let mine = self.request.as_ref().and_then(|r| r.expected_version);
-        let reason = format!(
-            "Superseded by operation {}, which requested {} of the same entity and destination ({} here): closed, never requeued.",
-            by.operation_id,
-            describe_version(by.expected_version),
-            describe_version(mine)
+        let reason = Reason::of(
+            Template::Superseded,
+            &[&by.operation_id, &describe_version(by.expected_version), &describe_version(mine)],
         );
         self.verdict(policy, trigger, Outcome::NotApplicable, Action::Close, reason, out);
         true
@@ -819,7 +813,7 @@ impl OperationState {
             return;
         }
         self.set_status(Status::ManualReview, ev.occurred_at);
-        self.verdict(policy, Trigger::of(ev, pos), Outcome::Ambiguous, Action::ManualReview, reason, out);
+        self.verdict(policy, Trigger::of(ev, pos), Outcome::Ambiguous, Action::ManualReview, Reason::text(reason), out);
     }
 
     fn verdict(
@@ -828,7 +822,7 @@ impl OperationState {
         trigger: Trigger<'_>,
         outcome: Outcome,
         action: Action,
-        reason: String,
+        reason: Reason,
         out: &mut Vec<Output>,
     ) {
         verdict::emit(self, policy, VerdictDraft::new(trigger, outcome, action, reason), out);

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::event::Decision;
 use super::names::named_enum;
+use super::reason::Reason;
 
 named_enum! {
     /// State of an operation (seed 000's explicit states, plus `Unrequested` for
@@ -202,8 +203,9 @@ pub struct Verdict {
     pub action: Action,
     /// The operation's state after this verdict.
     pub state: Status,
-    /// One human sentence explaining the verdict.
-    pub reason: String,
+    /// One human sentence explaining the verdict (and, for the store,
+    /// the template it was made of).
+    pub reason: Reason,
     /// Event time of the trigger, never the wall clock: replay reproduces it.
     pub decided_at: i64,
     /// The event whose application produced this verdict.

@@ -13,6 +13,7 @@ use super::output::{
     Action, Anomaly, AnomalyKind, Escalation, Evidence, Outcome, Output, RepairAction, RepairCommand, Verdict,
 };
 use super::policy::Policy;
+use super::reason::Reason;
 
 /// Namespace of every id the reconciler derives.
 const NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_9a52_3c0e_4f7e_9d8b_0b7a_52e1_c4a9);
@@ -27,12 +28,12 @@ pub(crate) struct VerdictDraft<'a> {
     pub trigger: Trigger<'a>,
     pub outcome: Outcome,
     pub action: Action,
-    pub reason: String,
+    pub reason: Reason,
     pub escalation: Option<Escalation>,
 }
 
 impl<'a> VerdictDraft<'a> {
-    pub fn new(trigger: Trigger<'a>, outcome: Outcome, action: Action, reason: String) -> Self {
+    pub fn new(trigger: Trigger<'a>, outcome: Outcome, action: Action, reason: Reason) -> Self {
         VerdictDraft { trigger, outcome, action, reason, escalation: None }
     }
 
@@ -87,7 +88,7 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
         verdict_id: verdict_id.clone(),
         outcome: d.outcome,
         action: d.action,
-        reason: d.reason,
+        reason: d.reason.into_string(),
         decided_at: d.trigger.at,
     });
     out.push(Output::Verdict(verdict));

@@ -13,8 +13,10 @@ pub mod changelog;
 mod claims;
 mod encoded;
 mod keys;
+mod reason;
 mod restoring;
 mod rocks;
+mod stored_id;
 mod summary;
 pub mod timeline;
 

@@ -105,8 +105,10 @@ pub enum StoreError {
 /// operation's latest verdict follows its state, and names the timeline
 /// entry that holds its id and reason rather than holding them again (see
 /// [`super::encoded::LastVerdictRef`]); its state leaves out its id and
-/// type, which its key and its summary hold.
-pub(super) const FORMAT: u32 = 6;
+/// type, which its key and its summary hold. 7: a timeline entry stores a
+/// verdict's reason as its template's number and arguments (see
+/// [`super::reason`]).
+pub(super) const FORMAT: u32 = 7;
 
 /// The size of a store ([`Store::size`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -27,8 +27,10 @@
 //! # What an entry stores
 //!
 //! Less than it shows: its body's fields rather than their one-line
-//! summary (see [`super::summary`]), and the event its anomalies and
-//! verdicts name only when that is not its own. Reading renders the
+//! summary (see [`super::summary`]), a verdict's reason as its template's
+//! number and arguments (see [`super::reason`]), ids of the UUID form as
+//! their 16 bytes (see [`super::stored_id`]), and the event its anomalies
+//! and verdicts name only when that is not its own. Reading renders the
 //! summary and fills the ids in ([`TimelineEntry`] is what readers see).
 //! The entry of the record that led to an operation's latest verdict is
 //! also where that verdict's id and reason are stored while the entry is in
@@ -39,6 +41,8 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use super::append::append;
+use super::reason::{ReasonRef, Rendered};
+use super::stored_id::{IdRef, StoredId};
 use super::summary::Fields;
 use super::Batch;
 use crate::core::event::{Body, Event, SourcePos};
@@ -251,7 +255,7 @@ pub struct Arrival {
 struct ArrivalFields<'a> {
     partition: i32,
     offset: i64,
-    event_id: &'a str,
+    event_id: IdRef<'a>,
     seq: Option<i64>,
     occurred_at: i64,
     producer: &'a str,
@@ -272,7 +276,7 @@ struct Decided<'a> {
 #[derive(Serialize)]
 struct AnomalyRef<'a> {
     kind: AnomalyKind,
-    other_event_id: Option<&'a str>,
+    other_event_id: Option<IdRef<'a>>,
     detail: &'a str,
 }
 
@@ -280,12 +284,12 @@ struct AnomalyRef<'a> {
 /// entry's own event (an event released from the reorder buffer).
 #[derive(Serialize)]
 struct VerdictRef<'a> {
-    verdict_id: &'a str,
+    verdict_id: IdRef<'a>,
     outcome: Outcome,
     action: Action,
     state: Status,
-    reason: &'a str,
-    other_trigger_event_id: Option<&'a str>,
+    reason: ReasonRef<'a>,
+    other_trigger_event_id: Option<IdRef<'a>>,
 }
 
 /// An entry as stored: [`ArrivalFields`] and [`Decided`] after its ordinal,
@@ -298,7 +302,7 @@ struct StoredEntry<S = String> {
     ordinal: u64,
     partition: i32,
     offset: i64,
-    event_id: S,
+    event_id: StoredId<S>,
     seq: Option<i64>,
     occurred_at: i64,
     producer: S,
@@ -313,26 +317,26 @@ struct StoredEntry<S = String> {
 #[derive(Deserialize)]
 struct StoredAnomaly<S> {
     kind: AnomalyKind,
-    other_event_id: Option<S>,
+    other_event_id: Option<StoredId<S>>,
     detail: S,
 }
 
 /// [`VerdictRef`] read back.
 #[derive(Deserialize)]
 struct StoredVerdict<S> {
-    verdict_id: S,
+    verdict_id: StoredId<S>,
     outcome: Outcome,
     action: Action,
     state: Status,
-    reason: S,
-    other_trigger_event_id: Option<S>,
+    reason: Rendered,
+    other_trigger_event_id: Option<StoredId<S>>,
 }
 
 impl StoredEntry {
     /// The entry as `explain` and the API show it: the body named and its
     /// fields rendered, the omitted event ids filled in.
     fn into_entry(self) -> TimelineEntry {
-        let own = &self.event_id;
+        let own = self.event_id.into_string();
         TimelineEntry {
             ordinal: self.ordinal,
             partition: self.partition,
@@ -346,22 +350,22 @@ impl StoredEntry {
             anomalies: (self.anomalies.into_iter())
                 .map(|a| AnomalyNote {
                     kind: a.kind,
-                    event_id: a.other_event_id.unwrap_or_else(|| own.clone()),
+                    event_id: a.other_event_id.map_or_else(|| own.clone(), StoredId::into_string),
                     detail: a.detail,
                 })
                 .collect(),
             verdicts: (self.verdicts.into_iter())
                 .map(|v| VerdictNote {
-                    verdict_id: v.verdict_id,
+                    verdict_id: v.verdict_id.into_string(),
                     outcome: v.outcome,
                     action: v.action,
                     state: v.state,
-                    reason: v.reason,
-                    trigger_event_id: v.other_trigger_event_id.unwrap_or_else(|| own.clone()),
+                    reason: v.reason.0,
+                    trigger_event_id: v.other_trigger_event_id.map_or_else(|| own.clone(), StoredId::into_string),
                 })
                 .collect(),
             manual: self.manual,
-            event_id: self.event_id,
+            event_id: own,
         }
     }
 }
@@ -376,14 +380,14 @@ pub(super) fn decode_entry(bytes: &[u8]) -> Result<TimelineEntry, postcard::Erro
 /// when the entry cannot be read or has no such verdict.
 pub(super) fn verdict_at(entry: &[u8], index: u32) -> Option<(String, String)> {
     let e = postcard::from_bytes::<StoredEntry<&str>>(entry).ok()?;
-    let v = e.verdicts.get(usize::try_from(index).ok()?)?;
-    Some((v.verdict_id.to_owned(), v.reason.to_owned()))
+    let v = e.verdicts.into_iter().nth(usize::try_from(index).ok()?)?;
+    Some((v.verdict_id.into_string(), v.reason.0))
 }
 
 /// `id`, unless it is `own` (the entry's event, which the entry names
 /// already).
-fn other_than<'x>(id: &'x str, own: &[u8]) -> Option<&'x str> {
-    (id.as_bytes() != own).then_some(id)
+fn other_than<'x>(id: &'x str, own: &[u8]) -> Option<IdRef<'x>> {
+    (id.as_bytes() != own).then_some(IdRef(id))
 }
 
 impl Arrival {
@@ -421,7 +425,7 @@ impl Arrival {
         let fields = ArrivalFields {
             partition: pos.partition,
             offset: pos.offset,
-            event_id: &ev.event_id,
+            event_id: IdRef(&ev.event_id),
             seq: ev.seq,
             occurred_at: ev.occurred_at,
             producer: &ev.producer,
@@ -436,7 +440,7 @@ impl Arrival {
         let fields = ArrivalFields {
             partition: s.pos.partition,
             offset: s.pos.offset,
-            event_id: &s.trigger_event_id,
+            event_id: IdRef(&s.trigger_event_id),
             seq: None,
             occurred_at: s.at,
             producer: "reconciler",
@@ -446,10 +450,11 @@ impl Arrival {
     }
 
     fn with(operation_id: &str, fields: &ArrivalFields<'_>, manual: Option<ManualDecisionRecord>) -> Arrival {
-        let mut buf = Vec::with_capacity(operation_id.len() + 2 * fields.event_id.len() + fields.producer.len() + 64);
+        let event_id = fields.event_id.0;
+        let mut buf = Vec::with_capacity(operation_id.len() + 2 * event_id.len() + fields.producer.len() + 64);
         buf.extend_from_slice(operation_id.as_bytes());
         let id_end = buf.len();
-        buf.extend_from_slice(fields.event_id.as_bytes());
+        buf.extend_from_slice(event_id.as_bytes());
         let event_end = buf.len();
         append(&mut buf, fields);
         Arrival { partition: fields.partition, buf, id_end, event_end, manual }
@@ -509,11 +514,11 @@ pub(crate) fn entry_value(ordinal: u64, a: &Arrival, disposition: Disposition, o
             Output::Verdict(v) => {
                 size += 16 + v.verdict_id.len() + v.reason.len() + v.trigger_event_id.len();
                 verdicts.push(VerdictRef {
-                    verdict_id: &v.verdict_id,
+                    verdict_id: IdRef(&v.verdict_id),
                     outcome: v.outcome,
                     action: v.action,
                     state: v.state,
-                    reason: &v.reason,
+                    reason: ReasonRef(&v.reason),
                     other_trigger_event_id: other_than(&v.trigger_event_id, own),
                 });
             }

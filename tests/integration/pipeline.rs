@@ -44,7 +44,7 @@ fn comparable(v: &Verdict) -> (String, &'static str, &'static str, &'static str,
         v.outcome.as_str(),
         v.action.as_str(),
         v.state.as_str(),
-        v.reason.clone(),
+        v.reason.to_string(),
         v.trigger_event_id.clone(),
     )
 }

@@ -690,7 +690,7 @@ fn arb_verdict() -> impl Strategy<Value = Verdict> {
             outcome,
             action,
             state,
-            reason,
+            reason: reason.into(),
             decided_at: at,
             trigger_event_id: trigger,
             evidence,
