@@ -101,20 +101,28 @@ impl Template {
         if args.len() + 1 != parts.len() {
             return None;
         }
-        let mut text = String::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + 32);
-        text.push_str(parts[0]);
-        for (arg, part) in args.iter().zip(&parts[1..]) {
-            text.push_str(arg.as_ref());
-            text.push_str(part);
-        }
-        Some(text)
+        Some(interleave(parts, |text, i| text.push_str(args[i].as_ref())))
     }
+}
+
+/// `parts` with an argument written between each two (`arg(text, i)`
+/// writes argument `i`): the one loop that makes a sentence, for
+/// [`Reason::of`] and [`Template::render`] alike, so that reading a stored
+/// reason gives back the published text byte for byte.
+fn interleave(parts: &[&str], mut arg: impl FnMut(&mut String, usize)) -> String {
+    let mut text = String::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + 32);
+    text.push_str(parts[0]);
+    for (i, part) in parts[1..].iter().enumerate() {
+        arg(&mut text, i);
+        text.push_str(part);
+    }
+    text
 }
 
 /// A verdict's reason. It reads, compares, prints and serializes as its
 /// sentence; [`Reason::form`] tells which template and arguments made it,
 /// when a template did.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Reason {
     text: String,
     form: Option<Form>,
@@ -135,15 +143,12 @@ impl Reason {
     pub fn of(template: Template, args: &[&dyn Display]) -> Reason {
         let parts = template.parts();
         assert_eq!(args.len() + 1, parts.len(), "{template:?} takes {} argument(s)", parts.len() - 1);
-        let mut text = String::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + 32);
         let mut spans = [(0, 0); MAX_ARGS];
-        text.push_str(parts[0]);
-        for ((arg, part), span) in args.iter().zip(&parts[1..]).zip(&mut spans) {
+        let text = interleave(parts, |text, i| {
             let start = text.len();
-            write!(text, "{arg}").expect("writing to a String");
-            *span = (offset(start), offset(text.len()));
-            text.push_str(part);
-        }
+            write!(text, "{}", args[i]).expect("writing to a String");
+            spans[i] = (offset(start), offset(text.len()));
+        });
         Reason { text, form: Some(Form { template, args: spans }) }
     }
 
@@ -182,12 +187,6 @@ impl std::ops::Deref for Reason {
     }
 }
 
-impl AsRef<str> for Reason {
-    fn as_ref(&self) -> &str {
-        &self.text
-    }
-}
-
 impl Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
@@ -210,18 +209,6 @@ impl PartialEq for Reason {
 
 impl Eq for Reason {}
 
-impl PartialEq<str> for Reason {
-    fn eq(&self, other: &str) -> bool {
-        self.text == other
-    }
-}
-
-impl PartialEq<&str> for Reason {
-    fn eq(&self, other: &&str) -> bool {
-        self.text == *other
-    }
-}
-
 impl From<String> for Reason {
     fn from(text: String) -> Reason {
         Reason::text(text)
@@ -231,12 +218,6 @@ impl From<String> for Reason {
 impl From<&str> for Reason {
     fn from(text: &str) -> Reason {
         Reason::text(text.to_owned())
-    }
-}
-
-impl From<Reason> for String {
-    fn from(r: Reason) -> String {
-        r.text
     }
 }
 
