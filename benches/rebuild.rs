@@ -180,7 +180,7 @@ fn main() {
             })
             .unwrap();
         let mut state_bytes = 0u64;
-        store.scan_state(|family, _, v| state_bytes += if family == "ops" { v.len() as u64 } else { 0 }).unwrap();
+        store.scan_state(|family, _, v, _| state_bytes += if family == "ops" { v.len() as u64 } else { 0 }).unwrap();
         for (family, (n, bytes)) in &families {
             println!(
                 "stored {family}: {n} keys, {:.1} MB, {:.0} bytes per key",

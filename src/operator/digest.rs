@@ -20,16 +20,20 @@ pub struct StateDigest {
 
 /// Digest of `store`'s operations and entities (not timers, offsets, the
 /// outbox or timelines: those follow from the state and the log position).
+/// An operation's latest verdict is covered whole, its id and reason
+/// included, though the store keeps them in a timeline entry
+/// ([`Store::scan_state`]).
 pub fn state_digest(store: &Store) -> Result<StateDigest, StoreError> {
     let mut h = Xxh3::new();
     let (mut operations, mut entities) = (0, 0);
-    store.scan_state(|family, k, v| {
+    store.scan_state(|family, k, v, verdict| {
         if family == "ops" {
             operations += 1;
         } else {
             entities += 1;
         }
-        for part in [family.as_bytes(), k, v] {
+        let verdict = verdict.iter().flat_map(|(id, reason)| [id.as_bytes(), reason.as_bytes()]);
+        for part in [family.as_bytes(), k, v].into_iter().chain(verdict) {
             h.update(&(part.len() as u64).to_le_bytes());
             h.update(part);
         }

@@ -199,14 +199,31 @@ impl StoredOp {
         let (mut state, last_verdict) = self.into_named(id);
         if let Some(v) = last_verdict {
             // The entries are read only when the verdict is in one.
-            let entry = |i: u32| {
-                let latest: Vec<&[u8]> = postcard::from_bytes(rest).ok()?;
-                latest.get(usize::try_from(i).ok()?).copied()
-            };
-            state.last_verdict = Some(v.complete(entry)?);
+            state.last_verdict = Some(v.complete(|i| inline_entry(rest, i))?);
         }
         Some(state)
     }
+
+    /// The id and reason of its latest verdict when an inline entry (in
+    /// `rest`, as for [`StoredOp::into_state`]) holds them instead of this
+    /// prefix: for the state digest, which leaves the entries out but must
+    /// cover the verdict. `Err`: the entry does not hold them.
+    pub(super) fn verdict_in_entry(&self, rest: &[u8]) -> Result<Option<(String, String)>, &'static str> {
+        match self.last_verdict {
+            Some(StoredLastVerdict::InEntry { entry, verdict, .. }) => {
+                let entry = inline_entry(rest, entry).ok_or(NO_VERDICT)?;
+                timeline::verdict_at(entry, verdict).map(Some).ok_or(NO_VERDICT)
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Inline entry `i` of the entries `rest` holds (what follows a
+/// [`StoredOp`] prefix in the value).
+fn inline_entry(rest: &[u8], i: u32) -> Option<&[u8]> {
+    let latest: Vec<&[u8]> = postcard::from_bytes(rest).ok()?;
+    latest.get(usize::try_from(i).ok()?).copied()
 }
 
 /// [`StoredOpRef`] as read back whole: postcard writes a struct as its

@@ -633,20 +633,23 @@ impl Store {
     }
 
     /// Every key and value of the operation and entity state, in key order
-    /// (for digests): `f(family, key, value)`, an operation's value without
-    /// its timeline entries (the digest leaves timelines out).
-    pub fn scan_state(&self, mut f: impl FnMut(&str, &[u8], &[u8])) -> Result<(), StoreError> {
+    /// (for digests): `f(family, key, value, verdict)`, an operation's value
+    /// without its timeline entries (the digest leaves timelines out), and
+    /// `verdict` its latest verdict's id and reason when one of those
+    /// entries holds them rather than the value (the digest covers them).
+    pub fn scan_state(&self, mut f: impl FnMut(&str, &[u8], &[u8], Option<(&str, &str)>)) -> Result<(), StoreError> {
         for family in [OPS, ENTITIES] {
             for item in self.db.iterator_cf(self.cf(family), IteratorMode::Start) {
                 let (k, v) = item?;
-                let state = match family {
-                    OPS => {
-                        let (_, rest) = decode_with_rest::<StoredOp>("operation", &v)?;
-                        &v[..v.len() - rest.len()]
-                    }
-                    _ => &v[..],
-                };
-                f(family, &k, state);
+                if family != OPS {
+                    f(family, &k, &v, None);
+                    continue;
+                }
+                let (op, rest) = decode_with_rest::<StoredOp>("operation", &v)?;
+                let verdict = (op.verdict_in_entry(rest))
+                    .map_err(|why| StoreError::Corrupt { what: "operation", reason: why.into() })?;
+                let state = &v[..v.len() - rest.len()];
+                f(family, &k, state, verdict.as_ref().map(|(id, reason)| (id.as_str(), reason.as_str())));
             }
         }
         Ok(())

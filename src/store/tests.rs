@@ -455,6 +455,22 @@ fn a_latest_verdict_is_stored_once_and_read_back_whole() {
     assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), head.clone()));
     assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
     assert_eq!(store.ops_of(0).unwrap(), vec![state.clone()]);
+    // What the state digest covers: the value without its entries, and the
+    // id and reason of the verdict that an entry holds.
+    let digested = |store: &Store| {
+        let mut ops = Vec::new();
+        store
+            .scan_state(|family, _, value, verdict| {
+                if family == "ops" {
+                    ops.push((value.to_vec(), verdict.map(|(id, reason)| (id.to_owned(), reason.to_owned()))));
+                }
+            })
+            .unwrap();
+        assert_eq!(ops.len(), 1);
+        ops.pop().unwrap()
+    };
+    let (_, verdict) = digested(&store);
+    assert_eq!(verdict, Some((v.verdict_id.clone(), v.reason.clone())), "the digest covers the verdict in its entry");
     // Enough entries after it that the verdict's entry moves out of the
     // value: the verdict is then stored whole.
     let mut batch = Batch::default();
@@ -467,6 +483,12 @@ fn a_latest_verdict_is_stored_once_and_read_back_whole() {
     store.commit(batch).unwrap();
     let value = stored(&store);
     assert_eq!((occurrences(&value, &v.verdict_id), occurrences(&value, &v.reason)), (1, 1), "whole, in the value");
+    let (value, verdict) = digested(&store);
+    assert_eq!(
+        (occurrences(&value, &v.verdict_id), occurrences(&value, &v.reason), verdict),
+        (1, 1, None),
+        "the digest covers the whole verdict in the value"
+    );
     assert_eq!(store.load_op(0, "op-1").unwrap(), (Some(state.clone()), head));
     assert_eq!(store.get_op(0, "op-1").unwrap(), Some(state.clone()));
     let t = store.timeline(0, "op-1").unwrap();

@@ -13,8 +13,13 @@ use reconciler::records::{OutboxRecord, Record};
 use reconciler::signature::ControlKeys;
 use reconciler::store::Store;
 
-/// Outputs by key, in order; the stored state (family, key, value); the counts.
-type Run = (BTreeMap<Vec<u8>, Vec<OutboxRecord>>, Vec<(String, Vec<u8>, Vec<u8>)>, String);
+/// Outputs by key, in order; the stored state (family, key, value, and the
+/// latest verdict's id and reason when a timeline entry holds them); the
+/// counts.
+type Run = (BTreeMap<Vec<u8>, Vec<OutboxRecord>>, Vec<StateItem>, String);
+
+/// One stored item as the state digest sees it.
+type StateItem = (String, Vec<u8>, Vec<u8>, Option<(String, String)>);
 
 /// A fault-injected loadgen stream over six partitions by key, in batches
 /// of 2,000 records, applied on `lanes` lanes into a new store: the outputs
@@ -42,7 +47,12 @@ fn run(lanes: usize) -> Run {
         }
     }
     let mut state = Vec::new();
-    store.scan_state(|family, k, v| state.push((family.to_owned(), k.to_vec(), v.to_vec()))).unwrap();
+    store
+        .scan_state(|family, k, v, verdict| {
+            let verdict = verdict.map(|(id, reason)| (id.to_owned(), reason.to_owned()));
+            state.push((family.to_owned(), k.to_vec(), v.to_vec(), verdict))
+        })
+        .unwrap();
     let counts = format!(
         "{} {:?} {:?} {} {}",
         stats.records, stats.by_disposition, stats.dead_letters, stats.verdicts, stats.anomalies
