@@ -120,8 +120,8 @@ fn interleave(parts: &[&str], mut arg: impl FnMut(&mut String, usize)) -> String
 }
 
 /// A verdict's reason. It reads, compares, prints and serializes as its
-/// sentence; [`Reason::form`] tells which template and arguments made it,
-/// when a template did.
+/// sentence; [`Reason::template`] and [`Reason::args`] tell which template
+/// and arguments made it, when a template did.
 #[derive(Clone)]
 pub struct Reason {
     text: String,
@@ -167,11 +167,16 @@ impl Reason {
         self.text
     }
 
-    /// The template that made the sentence and its arguments, in order.
-    pub fn form(&self) -> Option<(Template, impl ExactSizeIterator<Item = &str> + '_)> {
-        let f = self.form.as_ref()?;
-        let count = f.template.parts().len() - 1;
-        Some((f.template, f.args[..count].iter().map(|&(s, e)| &self.text[s as usize..e as usize])))
+    /// The template that made the sentence; `None` when none did.
+    pub fn template(&self) -> Option<Template> {
+        self.form.map(|f| f.template)
+    }
+
+    /// The arguments the template was given, in order (none when no
+    /// template made the sentence).
+    pub fn args(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        let spans = self.form.as_ref().map_or(&[][..], |f| &f.args[..f.template.parts().len() - 1]);
+        spans.iter().map(|&(s, e)| &self.text[s as usize..e as usize])
     }
 }
 
@@ -247,9 +252,8 @@ mod tests {
             assert!(n <= MAX_ARGS, "{t:?}");
             let args: Vec<&dyn Display> = ARGS[..n].iter().map(|a| a as &dyn Display).collect();
             let made = Reason::of(t, &args);
-            let (template, parts) = made.form().expect("a template made it");
-            let parts: Vec<&str> = parts.collect();
-            assert_eq!((template, parts.as_slice()), (t, &ARGS[..n]));
+            let parts: Vec<&str> = made.args().collect();
+            assert_eq!((made.template(), parts.as_slice()), (Some(t), &ARGS[..n]));
             assert_eq!(t.render(&parts).as_deref(), Some(made.as_str()), "{t:?}");
             assert_eq!(Template::from_number(t as u8), Some(t));
         }
@@ -268,6 +272,7 @@ mod tests {
         assert_eq!(made.as_str(), "A receipt found the effect with version 7 as expected.");
         assert_eq!(made, Reason::from(made.as_str()));
         assert_eq!(format!("{made:?}"), format!("{:?}", made.as_str()));
-        assert!(Reason::from("free text").form().is_none());
+        let free = Reason::from("free text");
+        assert_eq!((free.template(), free.args().count()), (None, 0));
     }
 }

@@ -132,6 +132,16 @@ pub(super) enum StoredLastVerdict {
 }
 
 impl StoredLastVerdict {
+    /// Where its id and reason are when an inline entry holds them: that
+    /// entry's position among the value's entries, and the verdict's among
+    /// the entry's verdicts.
+    fn in_entry(&self) -> Option<(u32, u32)> {
+        match *self {
+            StoredLastVerdict::InEntry { entry, verdict, .. } => Some((entry, verdict)),
+            StoredLastVerdict::Whole(_) => None,
+        }
+    }
+
     /// The verdict whole, its id and reason read from the entry `entry`
     /// returns by position (the value's inline entries); `None` when that
     /// entry does not hold them (a damaged store).
@@ -178,7 +188,7 @@ pub(super) struct StoredOp {
 
 /// Why a stored operation whose latest verdict is not where its value
 /// says cannot be read (a damaged store).
-pub(super) const NO_VERDICT: &str = "its latest verdict is not in the timeline entry its value names";
+const NO_VERDICT: &str = "its latest verdict is not in the timeline entry its value names";
 
 impl StoredOp {
     /// The state of operation `id` (its key's), with its type (the
@@ -193,15 +203,15 @@ impl StoredOp {
 
     /// The state of operation `id` with its latest verdict; `rest` is what
     /// follows this prefix in the value (its inline entries), read only
-    /// when the verdict is in one of them. `None`: it is not there (a
+    /// when the verdict is in one of them. `Err`: it is not there (a
     /// damaged store).
-    pub(super) fn into_state(self, id: &str, rest: &[u8]) -> Option<OperationState> {
+    pub(super) fn into_state(self, id: &str, rest: &[u8]) -> Result<OperationState, &'static str> {
         let (mut state, last_verdict) = self.into_named(id);
         if let Some(v) = last_verdict {
             // The entries are read only when the verdict is in one.
-            state.last_verdict = Some(v.complete(|i| inline_entry(rest, i))?);
+            state.last_verdict = Some(v.complete(|i| inline_entry(rest, i)).ok_or(NO_VERDICT)?);
         }
-        Some(state)
+        Ok(state)
     }
 
     /// The id and reason of its latest verdict when an inline entry (in
@@ -209,13 +219,11 @@ impl StoredOp {
     /// prefix: for the state digest, which leaves the entries out but must
     /// cover the verdict. `Err`: the entry does not hold them.
     pub(super) fn verdict_in_entry(&self, rest: &[u8]) -> Result<Option<(String, String)>, &'static str> {
-        match self.last_verdict {
-            Some(StoredLastVerdict::InEntry { entry, verdict, .. }) => {
-                let entry = inline_entry(rest, entry).ok_or(NO_VERDICT)?;
-                timeline::verdict_at(entry, verdict).map(Some).ok_or(NO_VERDICT)
-            }
-            _ => Ok(None),
-        }
+        let Some((entry, verdict)) = self.last_verdict.as_ref().and_then(StoredLastVerdict::in_entry) else {
+            return Ok(None);
+        };
+        let entry = inline_entry(rest, entry).ok_or(NO_VERDICT)?;
+        timeline::verdict_at(entry, verdict).map(Some).ok_or(NO_VERDICT)
     }
 }
 
@@ -244,11 +252,8 @@ impl StoredOpWithTimeline {
         let (mut state, last_verdict) = self.op.into_named(id);
         // Where the verdict is, noted in the head: a write of the operation
         // that issues no new verdict leaves it there.
-        let mut at = None;
+        let at = last_verdict.as_ref().and_then(StoredLastVerdict::in_entry);
         if let Some(v) = last_verdict {
-            if let StoredLastVerdict::InEntry { entry, verdict, .. } = v {
-                at = Some((entry, verdict));
-            }
             let entry = |i: u32| self.latest.get(usize::try_from(i).ok()?).map(|b| &b[..]);
             state.last_verdict = Some(v.complete(entry).ok_or(NO_VERDICT)?);
         }

@@ -19,9 +19,9 @@ pub(super) struct ReasonRef<'a>(pub &'a Reason);
 
 impl Serialize for ReasonRef<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0.form() {
+        match self.0.template() {
             None => s.serialize_newtype_variant(NAME, 0, "Text", self.0.as_str()),
-            Some((template, _)) => {
+            Some(template) => {
                 let mut v = s.serialize_tuple_variant(NAME, 1, "Form", 2)?;
                 v.serialize_field(&(template as u8))?;
                 v.serialize_field(&Args(self.0))?;
@@ -37,10 +37,7 @@ struct Args<'a>(&'a Reason);
 impl Serialize for Args<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Postcard writes a sequence's length first: the iterator's exact.
-        match self.0.form() {
-            Some((_, args)) => s.collect_seq(args),
-            None => s.collect_seq(std::iter::empty::<&str>()),
-        }
+        s.collect_seq(self.0.args())
     }
 }
 

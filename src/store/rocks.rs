@@ -8,7 +8,7 @@ use rocksdb::{
 };
 use serde::de::DeserializeOwned;
 
-use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, StoredOpWithTimeline, Write, NO_VERDICT};
+use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, StoredOpWithTimeline, Write};
 use super::keys;
 use super::restoring::Restoring;
 use super::timeline::{Head, Timeline, TimelineEntry, TIMELINE_CAP};
@@ -164,9 +164,13 @@ fn short<T>(what: &'static str, part: Option<T>, bytes: &[u8]) -> Result<T, Stor
 
 /// Stored operation `id`'s value: its state and its timeline's head.
 fn op_with_head(id: &str, bytes: &[u8]) -> Result<(OperationState, Head), StoreError> {
-    decode::<StoredOpWithTimeline>("operation", bytes)?
-        .split(id)
-        .map_err(|reason| StoreError::Corrupt { what: "operation", reason: reason.into() })
+    decode::<StoredOpWithTimeline>("operation", bytes)?.split(id).map_err(corrupt_op)
+}
+
+/// A stored operation that decodes but could not have been written so
+/// (`reason` says how).
+fn corrupt_op(reason: &str) -> StoreError {
+    StoreError::Corrupt { what: "operation", reason: reason.into() }
 }
 
 /// Stored operation `id`'s state alone (its latest verdict completed from
@@ -174,7 +178,7 @@ fn op_with_head(id: &str, bytes: &[u8]) -> Result<(OperationState, Head), StoreE
 /// timeline's head.
 fn state_of(id: &str, bytes: &[u8]) -> Result<OperationState, StoreError> {
     let (op, rest) = decode_with_rest::<StoredOp>("operation", bytes)?;
-    op.into_state(id, rest).ok_or_else(|| StoreError::Corrupt { what: "operation", reason: NO_VERDICT.into() })
+    op.into_state(id, rest).map_err(corrupt_op)
 }
 
 /// The operation id of an operations key (its state does not store it).
@@ -646,8 +650,7 @@ impl Store {
                     continue;
                 }
                 let (op, rest) = decode_with_rest::<StoredOp>("operation", &v)?;
-                let verdict = (op.verdict_in_entry(rest))
-                    .map_err(|why| StoreError::Corrupt { what: "operation", reason: why.into() })?;
+                let verdict = op.verdict_in_entry(rest).map_err(corrupt_op)?;
                 let state = &v[..v.len() - rest.len()];
                 f(family, &k, state, verdict.as_ref().map(|(id, reason)| (id.as_str(), reason.as_str())));
             }

@@ -510,7 +510,8 @@ fn a_latest_verdict_is_stored_once_and_read_back_whole() {
         latest: encoded::LatestRef(&latest),
     };
     store.db.put_cf(store.cf("ops"), keys::scoped(0, "op-1"), postcard::to_allocvec(&damaged).unwrap()).unwrap();
-    for err in [store.load_op(0, "op-1").unwrap_err(), store.get_op(0, "op-1").unwrap_err()] {
+    let digest = store.scan_state(|_, _, _, _| {}).unwrap_err();
+    for err in [store.load_op(0, "op-1").unwrap_err(), store.get_op(0, "op-1").unwrap_err(), digest] {
         assert!(matches!(err, StoreError::Corrupt { what: "operation", .. }), "{err}");
         assert!(err.to_string().contains("latest verdict is not in the timeline entry"), "{err}");
     }

@@ -127,10 +127,10 @@ impl Head {
     /// damaged store): more inline entries than entries, or than the value
     /// may hold.
     pub(crate) fn checked(total: u64, latest: VecDeque<Vec<u8>>) -> Option<Head> {
-        (latest.len() as u64 <= total && latest.len() <= INLINE_ENTRIES).then_some(Head {
+        (latest.len() as u64 <= total && latest.len() <= INLINE_ENTRIES).then(|| Head {
             total,
             latest,
-            verdict: None,
+            ..Head::default()
         })
     }
 
