@@ -400,6 +400,28 @@ fn decode_errors_are_typed() {
     assert!(matches!(validate_key(None, &ev), Err(DecodeError::KeyMismatch { .. })));
 }
 
+/// Strings take two paths in the direct decoder (ASCII checked cheaply,
+/// anything else validated in full): non-ASCII text reads back as written,
+/// and bytes that are not UTF-8 are refused with the field named, whether
+/// the bad byte is the first or follows valid multi-byte characters.
+#[test]
+fn strings_are_utf8_checked_on_both_paths() {
+    let codec = Codec::new();
+    let worker = "wörker-é€";
+    let ev = event(Body::Started { attempt: 1, worker: worker.into() }, Some(2));
+    let good = codec.encode_event(&ev).unwrap();
+    assert_eq!(codec.decode_event(&good).unwrap(), ev);
+    let at = good.windows(worker.len()).position(|w| w == worker.as_bytes()).expect("the worker's bytes");
+    for (offset, byte) in [(0, 0xFF), (1, 0x80), (worker.len() - 1, 0xC3)] {
+        let mut bad = good.clone();
+        bad[at + offset] = byte;
+        let err = codec.decode_event(&bad).unwrap_err();
+        assert_eq!(err.class(), "malformed", "{err}");
+        assert!(err.to_string().contains("worker"), "{err}");
+        assert!(codec.decode_event_generic(&bad).is_err());
+    }
+}
+
 /// The DLQ's error message is read by people: no `Some(..)` from Rust.
 #[test]
 fn key_mismatch_message_names_the_key_as_text() {
