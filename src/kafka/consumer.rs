@@ -267,8 +267,8 @@ impl GroupConsumer {
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
                 ("enable.partition.eof", "false"),
-                // Records of aborted transactions (timers of an
-                // exactly-once instance that crashed) are never applied.
+                // Records of a service that publishes in transactions:
+                // those of aborted ones are never applied.
                 ("isolation.level", "read_committed"),
                 // Eager rebalancing: the callback assigns whole sets.
                 ("partition.assignment.strategy", "range,roundrobin"),

@@ -41,6 +41,11 @@ pub const EXACTLY_ONCE_CRASH_POINTS: [&str; 2] = [
     "pipeline::after_commit",
 ];
 
+/// The crash point inside a timer firing: its `DeadlineReached` events
+/// sent, their acknowledgements not awaited (some, all or none of them in
+/// the log).
+pub const TIMER_SENT: &str = "pipeline::timer_sent";
+
 /// The crash point of the changelog's publication.
 pub const CHANGELOG_CRASH_POINTS: [&str; 1] = [
     // A batch's changelog records acknowledged but its offsets records,

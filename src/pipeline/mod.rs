@@ -207,6 +207,10 @@ pub struct Pipeline {
     publisher: Arc<Publisher>,
     /// Under `exactly_once`: the transactions of `publisher`.
     txn: Option<Transactions>,
+    /// The producer of `DeadlineReached` events: `publisher` itself under
+    /// `at_least_once`, an idempotent producer of its own under
+    /// `exactly_once` (see [`Pipeline::fire_timers`]).
+    timer_publisher: Arc<Publisher>,
     clock: Clock,
     fence: restore::Fence,
     /// Per partition restoring its state: records below the offset are
@@ -299,6 +303,11 @@ impl Pipeline {
             Some(t) => t.publisher(),
             None => Arc::new(Publisher::for_pipeline(&cfg.kafka, max_bytes)?),
         };
+        // A transactional producer cannot publish outside a transaction.
+        let timer_publisher = match &txn {
+            Some(_) => Arc::new(Publisher::for_pipeline(&cfg.kafka, max_bytes)?),
+            None => publisher.clone(),
+        };
         let metrics = Arc::new(Metrics::new(cfg.types.keys(), cfg.metrics.max_operation_types));
         // Each partition starts where its state says (the offsets live
         // beside the state, written in the same batch), after a restore
@@ -331,6 +340,7 @@ impl Pipeline {
             consumer,
             publisher,
             txn,
+            timer_publisher,
             fence,
             clock,
             restore_until: BTreeMap::new(),
@@ -670,22 +680,22 @@ impl Pipeline {
         self.finish_in_flight(shutdown)?;
         // To the operation's own partition, whatever the key would hash to:
         // the timer must be judged by the owner of the operation's state.
+        //
+        // Never in a transaction, under either guarantee: the events are
+        // input, not outputs, and firing changes no state (a timer fired
+        // twice is judged once, see [`timers`]), so there is nothing to
+        // commit atomically with them. A transaction would only add a way
+        // to lose them: a firing cut short by a crash is aborted when the
+        // instance restarts, which leaves an abort marker in the input
+        // topic, and a broker that lists that old abort in every later
+        // read_committed fetch (noida-db 0.2.3 does, Apache Kafka lists
+        // only those overlapping the fetched range) makes librdkafka drop
+        // every later record of the same producer there: the firing done
+        // again after the restart would never be consumed.
         let records = due.iter().map(|d| (&d.record, Some(d.partition)));
-        match &self.txn {
-            Some(txn) => match txn.run(records, None, || true) {
-                Ok(_) => self.metrics.transaction(true),
-                Err(TxnError::Aborted(why)) => {
-                    // Nothing of it is visible: the next tick fires again.
-                    self.metrics.transaction(false);
-                    warn!(reason = %why, "Firing timers aborted; retrying on the next tick");
-                    return Ok(());
-                }
-                Err(e) => return Err(e.into()),
-            },
-            None => {
-                self.publisher.publish_all(records)?;
-            }
-        }
+        let (ticket, _) = self.timer_publisher.send_all(records)?;
+        faults::point(faults::TIMER_SENT);
+        self.timer_publisher.wait(ticket)?;
         faults::point("pipeline::timer_fired");
         // Only once acknowledged: a failed firing is retried next tick.
         self.stats.timers_fired += due.len() as u64;
