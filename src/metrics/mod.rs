@@ -119,19 +119,11 @@ impl<V: Default> BoundedLabels<V> {
 /// in a profile of the rebuild bench, where a resolved handle is one atomic
 /// add. Resolving on first use keeps the exposition as it was: a series
 /// appears once it is counted.
+#[derive(Default)]
 struct TypeHandles {
     /// `reconciler_verdicts_total` by outcome, then action.
     verdicts: [[OnceLock<IntCounter>; Action::ALL.len()]; Outcome::ALL.len()],
     time_to_confirm: OnceLock<Histogram>,
-}
-
-impl Default for TypeHandles {
-    fn default() -> Self {
-        TypeHandles {
-            verdicts: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
-            time_to_confirm: OnceLock::new(),
-        }
-    }
 }
 
 /// Whether the instance can do its work: assigned partitions restored
@@ -294,8 +286,8 @@ impl Metrics {
                 &["outcome", "action", "type"],
             ),
             anomalies: counter(&r, "reconciler_anomalies_total", "Anomalies published, by kind.", &["kind"]),
-            anomalies_by_kind: std::array::from_fn(|_| OnceLock::new()),
-            commands_by_action: std::array::from_fn(|_| OnceLock::new()),
+            anomalies_by_kind: Default::default(),
+            commands_by_action: Default::default(),
             commands: counter(
                 &r,
                 "reconciler_repair_commands_total",
