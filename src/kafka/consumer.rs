@@ -232,7 +232,8 @@ pub(super) fn offsets_list(topic: &str, offsets: &BTreeMap<i32, i64>) -> TopicPa
 /// A subscribed consumer that hands out batches of owned records.
 pub struct GroupConsumer {
     consumer: BaseConsumer<GroupContext>,
-    topic: String,
+    /// The one topic it subscribes to, shared by every record it hands out.
+    topic: Arc<str>,
     /// The facts of the group's rebalances, shared with the run loop.
     pub assignment: Arc<Mutex<Assignment>>,
 }
@@ -277,7 +278,7 @@ impl GroupConsumer {
         .create_with_context(ctx)
         .map_err(KafkaError::client("creating the consumer"))?;
         consumer.subscribe(&[topic]).map_err(KafkaError::client(format!("subscribing to {topic}")))?;
-        Ok(GroupConsumer { consumer, topic: topic.to_owned(), assignment })
+        Ok(GroupConsumer { consumer, topic: Arc::from(topic), assignment })
     }
 
     /// Up to `max` records, waiting at most `wait` for the first and then
@@ -288,14 +289,13 @@ impl GroupConsumer {
         // Room for a full batch up front (growing copied every record
         // again at each doubling), within reason for huge `max`es.
         let mut out = Vec::with_capacity(max.min(8192));
-        let mut names = super::TopicNames::default();
         let until = Instant::now() + wait;
         while out.len() < max {
             // Read the clock only while waiting for the first record: clock
             // reads showed up in profiles at one per record.
             let left = if out.is_empty() { until.saturating_duration_since(Instant::now()) } else { Duration::ZERO };
             match self.consumer.poll(left) {
-                Some(Ok(m)) => out.push(Record::from_message(&m, &mut names)),
+                Some(Ok(m)) => out.push(Record::of_topic(&m, self.topic.clone())),
                 Some(Err(e)) => warn!(error = %e, "Consumer error"),
                 None => {
                     if !out.is_empty() || left.is_zero() {
