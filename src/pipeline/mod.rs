@@ -673,6 +673,8 @@ impl Pipeline {
             ..Readiness::default()
         });
         if due.is_empty() {
+            // Nothing to publish: every timer due is in flight already.
+            self.timers.fired(due);
             return Ok(());
         }
         // A failed publish purges the producer: nothing else may be in

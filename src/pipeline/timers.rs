@@ -8,6 +8,20 @@
 //!   it when it was assigned (below that mark lie the deadline events a
 //!   previous owner, or a previous run, already wrote);
 //! - a timer published but not yet consumed back is not published again.
+//!
+//! A partition's scan starts at its floor, not at its start: every live
+//! timer due before the floor is in flight (published and acknowledged,
+//! not yet consumed back). Each firing moves or removes its timer, which
+//! leaves a tombstone in the store until a compaction drops it, and a seek
+//! from the partition's start stepped over all of those at every tick.
+//! The floor only rises once a tick's firings are acknowledged: to just
+//! past the time scanned, or to the last timer read when the tick read
+//! the most it may. It goes back down to the due time of every timer
+//! written since (the store notes them, after the write), to the
+//! partition's start after a restore wrote it, and to the due time of
+//! every `DeadlineReached` consumed back, whoever fired it (its timer may
+//! still be there). A partition assigned again, or not caught up, scans
+//! from its start.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -51,30 +65,70 @@ pub(super) struct TimerWheel {
     /// partition has consumed past it (`None` once it has). Past it the
     /// partition stays caught up whatever new traffic arrives.
     catch_up: BTreeMap<i32, Option<i64>>,
+    /// Per partition, where its scan starts (see the module's doc); none:
+    /// at its start.
+    floors: BTreeMap<i32, i64>,
+    /// The floors the last tick's scans earned, raised to once its firings
+    /// are acknowledged.
+    earned: Vec<(i32, i64)>,
+    /// The earliest due time of the `DeadlineReached` events consumed back
+    /// since the last tick: every floor goes back to it at the next (not at once, so that
+    /// a floor earned by a scan before them cannot pass it again).
+    consumed_from: Option<i64>,
 }
 
 impl TimerWheel {
     /// Partition `p` was (re)assigned: it must catch up again.
     pub fn assigned(&mut self, p: i32) {
         self.catch_up.remove(&p);
+        self.forget_floor(p);
     }
 
     /// Forgets partitions that are not in `owned`.
     pub fn retain(&mut self, owned: &[i32]) {
         self.catch_up.retain(|p, _| owned.contains(p));
+        self.floors.retain(|p, _| owned.contains(p));
+        self.earned.retain(|(p, _)| owned.contains(p));
     }
 
     /// `DeadlineReached` events consumed back: (operation, due time).
     pub fn consumed(&mut self, deadlines: Vec<(String, i64)>) {
         for d in deadlines {
+            // Whether this instance fired it or not: the timer may still be
+            // there (a stale or refused deadline moves nothing).
+            self.consumed_from = Some(self.consumed_from.map_or(d.1, |at| at.min(d.1)));
             self.fired.remove(&d);
         }
     }
 
-    /// Timers acknowledged by the broker: not to be published again until
-    /// they are consumed back.
+    /// The tick's timers, acknowledged by the broker (possibly none): not
+    /// to be published again until they are consumed back. The floors the
+    /// tick's scans earned hold from now on.
     pub fn fired(&mut self, due: Vec<Due>) {
         self.fired.extend(due.into_iter().map(|d| d.key));
+        for (p, floor) in self.earned.drain(..) {
+            let f = self.floors.entry(p).or_insert(floor);
+            *f = (*f).max(floor);
+        }
+    }
+
+    fn forget_floor(&mut self, p: i32) {
+        self.floors.remove(&p);
+        self.earned.retain(|(q, _)| *q != p);
+    }
+
+    /// Takes every floor back to the timers written and the firings
+    /// consumed back since the last tick.
+    fn lower_floors(&mut self, store: &Store) {
+        let lower = |f: &mut i64, at: i64| *f = (*f).min(at);
+        for (p, at) in store.take_timer_puts() {
+            if let Some(f) = self.floors.get_mut(&p) {
+                lower(f, at);
+            }
+        }
+        if let Some(at) = self.consumed_from.take() {
+            self.floors.values_mut().for_each(|f| lower(f, at));
+        }
     }
 
     /// Whether partition `p` (next offset to apply `next`) has consumed
@@ -109,12 +163,25 @@ impl TimerWheel {
     ) -> Result<(Vec<Due>, usize), PipelineError> {
         let mut due = Vec::new();
         let mut caught_up = 0;
+        self.earned.clear();
+        self.lower_floors(store);
         for (&p, &next) in owned {
             if !self.caught_up(p, next, marks) {
+                self.forget_floor(p);
                 continue;
             }
             caught_up += 1;
-            for t in store.due_timers(p, now, PER_TICK)? {
+            let from = self.floors.get(&p).copied().unwrap_or(i64::MIN);
+            let timers = store.due_timers_from(p, from, now, PER_TICK)?;
+            // Every live timer due before the floor earned is in flight
+            // once this tick's are: all of them up to `now`, or up to the
+            // last one read when the tick could not read them all.
+            let earned = match timers.last() {
+                Some(last) if timers.len() == PER_TICK => last.at,
+                _ => now.saturating_add(1),
+            };
+            self.earned.push((p, earned));
+            for t in timers {
                 let key = (t.operation_id, t.at);
                 if self.fired.contains(&key) {
                     continue;

@@ -28,6 +28,21 @@ pub(crate) fn timer(partition: i32, at: i64, operation_id: &str) -> Vec<u8> {
     k
 }
 
+/// The first key of any timer of `partition` due at or after `at`.
+pub(crate) fn timer_from(partition: i32, at: i64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(12);
+    k.extend_from_slice(&(partition as u32).to_be_bytes());
+    k.extend_from_slice(&time_bytes(at));
+    k
+}
+
+/// The partition and due time of a key made by [`timer`] (`None`: too short).
+pub(crate) fn timer_due(key: &[u8]) -> Option<(i32, i64)> {
+    let partition = u32::from_be_bytes(key.get(..4)?.try_into().ok()?) as i32;
+    let at = (u64::from_be_bytes(key.get(4..12)?.try_into().ok()?) ^ (1 << 63)) as i64;
+    Some((partition, at))
+}
+
 /// The first key after every timer of `partition` due at or before `at`.
 pub(crate) fn timer_upper(partition: i32, at: i64) -> Vec<u8> {
     let mut k = Vec::with_capacity(12);
@@ -112,6 +127,14 @@ mod tests {
         assert_eq!(keys, vec![timer(0, -3, "c"), timer(0, 7, "d"), timer(0, 100, "b"), timer(1, 5, "a")]);
         assert!(timer(0, 7, "zzz") < timer_upper(0, 7));
         assert!(timer(0, 8, "") >= timer_upper(0, 7));
+        // A scan from a time starts at that time's first timer, after
+        // every earlier one and the partition's start.
+        assert!(timer(0, 6, "zzz") < timer_from(0, 7) && timer_from(0, 7) <= timer(0, 7, ""));
+        assert!(timer_from(1, i64::MIN) > timer(0, i64::MAX, "a") && timer_from(1, i64::MIN) <= timer(1, i64::MIN, ""));
+        for (p, at) in [(0, -3), (7, 1_700_000_000_000), (i32::MAX, i64::MIN), (3, i64::MAX)] {
+            assert_eq!(timer_due(&timer(p, at, "op-1")), Some((p, at)));
+        }
+        assert_eq!(timer_due(&timer_from(2, 5)[..11]), None);
     }
 
     #[test]

@@ -194,6 +194,7 @@ impl<'a> Restoring<'a> {
         }
         if self.wb.size_in_bytes() >= self.chunk_bytes {
             self.store.write(std::mem::take(&mut self.wb))?;
+            self.store.note_rewritten(self.partition);
             self.timers.written();
         }
         Ok(())
@@ -214,6 +215,7 @@ impl<'a> Restoring<'a> {
             self.store.wipe_partition(self.partition, &mut self.wb);
         }
         self.store.write(std::mem::take(&mut self.wb))?;
+        self.store.note_rewritten(self.partition);
         let tail = (!self.tail.is_empty()).then_some(Tail { complete_to: self.complete_to, keys: self.tail });
         Ok(Restored { next: self.offset, tail })
     }
@@ -286,6 +288,7 @@ impl Store {
             None => wb.delete_cf(offsets, keys::partition_prefix(partition)),
         }
         self.write(wb)?;
+        self.note_rewritten(partition);
         Ok(offset)
     }
 

@@ -1,7 +1,9 @@
 //! The RocksDB implementation of the store.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB,
@@ -142,6 +144,12 @@ pub struct Store {
     /// The input topic the state is of (its changelog's offsets records
     /// name it, see [`super::changelog`]).
     pub(super) topic: String,
+    /// Per partition, the earliest due time of the timers written since
+    /// the last [`Store::take_timer_puts`] (`i64::MIN` after a restore,
+    /// which does not list them): whoever scans for due timers from a later
+    /// point than a partition's start learns here where it must go back to
+    /// (see `pipeline::timers`).
+    timer_puts: Mutex<BTreeMap<i32, i64>>,
 }
 
 /// A key and a value, as a write batch takes them.
@@ -293,7 +301,13 @@ impl Store {
             ColumnFamilyDescriptor::new(*n, cf)
         });
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
-        let store = Store { db, logging, next_outbox_seq: AtomicU64::new(0), topic: topic.to_owned() };
+        let store = Store {
+            db,
+            logging,
+            next_outbox_seq: AtomicU64::new(0),
+            topic: topic.to_owned(),
+            timer_puts: Mutex::default(),
+        };
         if !store.topic_matches(dir, topic)? {
             store.db.put_cf(store.cf(META), b"topic", topic.as_bytes())?;
         }
@@ -326,6 +340,7 @@ impl Store {
             logging: Logging::Wal { sync: false },
             next_outbox_seq: AtomicU64::new(0),
             topic: topic.to_owned(),
+            timer_puts: Mutex::default(),
         };
         store.topic_matches(dir, topic)?;
         // A reader must not misread another version's values either.
@@ -464,7 +479,23 @@ impl Store {
 
     /// Timers of `partition` due at or before `now`, earliest first.
     pub fn due_timers(&self, partition: i32, now: i64, limit: usize) -> Result<Vec<TimerEntry>, StoreError> {
-        let start = keys::partition_prefix(partition);
+        self.due_timers_from(partition, i64::MIN, now, limit)
+    }
+
+    /// Timers of `partition` due from `from` to `now` (both included),
+    /// earliest first. Starting past the timers already fired spares the
+    /// seek their deletions: every timer moved or fired leaves a tombstone
+    /// in front of the live ones until a compaction drops it, and a seek
+    /// from the partition's start steps over all of them (half of the
+    /// timer scan's samples in a run that fires many).
+    pub fn due_timers_from(
+        &self,
+        partition: i32,
+        from: i64,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<TimerEntry>, StoreError> {
+        let start = keys::timer_from(partition, from);
         let upper = keys::timer_upper(partition, now);
         let mut out = Vec::new();
         // An upper bound rather than a check of each key: timers are put and
@@ -480,6 +511,30 @@ impl Store {
             out.push(decode("timer", &v)?);
         }
         Ok(out)
+    }
+
+    /// The earliest due time of the timers written to each partition since
+    /// the last call (only writes that completed).
+    pub fn take_timer_puts(&self) -> BTreeMap<i32, i64> {
+        std::mem::take(&mut *self.timer_puts.lock().expect("not poisoned"))
+    }
+
+    /// Notes a write of any timers of `partition` (a restore's, which
+    /// moves timers without listing them): its scans start over.
+    pub(super) fn note_rewritten(&self, partition: i32) {
+        self.note_timer_puts(BTreeMap::from([(partition, i64::MIN)]));
+    }
+
+    /// Notes timers written (after the write, never before: a scan that
+    /// learned of a timer before it was written could pass it by).
+    fn note_timer_puts(&self, puts: BTreeMap<i32, i64>) {
+        if puts.is_empty() {
+            return;
+        }
+        let mut notes = self.timer_puts.lock().expect("not poisoned");
+        for (p, at) in puts {
+            notes.entry(p).and_modify(|e| *e = (*e).min(at)).or_insert(at);
+        }
     }
 
     /// How big the store is now, by RocksDB's own estimates: keys per
@@ -739,8 +794,15 @@ impl Store {
             .map(|f| (f, self.cf(f.name())));
         let cf = |family: Family| families.iter().find(|(f, _)| *f == family).expect("every family").1;
         let bytes = &part.bytes;
+        let mut timers = BTreeMap::new();
         for w in &part.writes {
             match w {
+                Write::Put { family: Family::Timers, key, value } => {
+                    if let Some((p, at)) = keys::timer_due(&bytes[key.clone()]) {
+                        timers.entry(p).and_modify(|e: &mut i64| *e = (*e).min(at)).or_insert(at);
+                    }
+                    wb.put_cf(cf(Family::Timers), &bytes[key.clone()], &bytes[value.clone()])
+                }
                 Write::Put { family, key, value } => wb.put_cf(cf(*family), &bytes[key.clone()], &bytes[value.clone()]),
                 Write::Delete { family, key } => wb.delete_cf(cf(*family), &bytes[key.clone()]),
                 Write::DeleteRange { family, from, to, .. } => {
@@ -751,7 +813,9 @@ impl Store {
         if let Some((key, value)) = outbox {
             wb.put_cf(self.cf(OUTBOX), key, value);
         }
-        self.write(wb)
+        self.write(wb)?;
+        self.note_timer_puts(timers);
+        Ok(())
     }
 
     /// Forgets outputs the broker acknowledged.

@@ -357,7 +357,25 @@ fn a_restore_rebuilds_the_timer_index_across_its_chunks() {
         }
         assert_eq!(into.finish().unwrap().next, Some(3));
         assert_eq!(timers(&store), want, "chunks of {chunk} bytes");
+        // Its timers are not listed: the partition's scans start over.
+        assert_eq!(store.take_timer_puts(), std::collections::BTreeMap::from([(0, i64::MIN)]));
     }
+}
+
+/// A timer of operation `op` due at `at`.
+fn timer_entry(at: i64, op: &str) -> TimerEntry {
+    TimerEntry { at, operation_id: op.into(), entity_id: "e".into(), operation_type: "t".into() }
+}
+
+/// What `f` returns, and how many deleted keys RocksDB stepped over in it.
+fn counting_deletes_skipped<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::EnableCount);
+    let mut perf = rocksdb::perf::PerfContext::default();
+    perf.reset();
+    let r = f();
+    let skipped = perf.metric(rocksdb::perf::PerfMetric::InternalDeleteSkippedCount);
+    rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::Disable);
+    (r, skipped)
 }
 
 /// Looking for due timers does not step over deleted timers that are not
@@ -368,19 +386,13 @@ fn a_restore_rebuilds_the_timer_index_across_its_chunks() {
 fn due_timers_do_not_walk_deleted_future_timers() {
     let dir = temp("store-timers-tombstones");
     let store = Store::open(&dir.0, "t.events", false).unwrap();
-    let timer = |at: i64, op: &str| TimerEntry {
-        at,
-        operation_id: op.into(),
-        entity_id: "e".into(),
-        operation_type: "t".into(),
-    };
     let future = 10_000;
     let mut b = Batch::default();
-    b.timers_added.push((0, timer(100, "due")));
+    b.timers_added.push((0, timer_entry(100, "due")));
     for i in 0..future {
-        b.timers_added.push((0, timer(1_000 + i, &format!("op-{i}"))));
+        b.timers_added.push((0, timer_entry(1_000 + i, &format!("op-{i}"))));
     }
-    b.timers_added.push((0, timer(1_000_000, "live-later")));
+    b.timers_added.push((0, timer_entry(1_000_000, "live-later")));
     store.commit(b).unwrap();
     let mut b = Batch::default();
     for i in 0..future {
@@ -388,18 +400,49 @@ fn due_timers_do_not_walk_deleted_future_timers() {
     }
     store.commit(b).unwrap();
 
-    rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::EnableCount);
-    let mut perf = rocksdb::perf::PerfContext::default();
-    perf.reset();
-    let due = store.due_timers(0, 500, 100).unwrap();
-    let skipped = perf.metric(rocksdb::perf::PerfMetric::InternalDeleteSkippedCount);
-    rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::Disable);
+    let (due, skipped) = counting_deletes_skipped(|| store.due_timers(0, 500, 100).unwrap());
 
     assert_eq!(due.iter().map(|t| t.operation_id.as_str()).collect::<Vec<_>>(), ["due"]);
     assert!(skipped < 10, "stepped over {skipped} deleted timers that were not due");
     // Later, the live timer past the deleted ones is still found.
     let due = store.due_timers(0, 2_000_000, 100).unwrap();
     assert_eq!(due.iter().map(|t| t.operation_id.as_str()).collect::<Vec<_>>(), ["due", "live-later"]);
+}
+
+/// A scan from a later point does not step over the deleted timers in
+/// front of it (the fired and moved ones, until a compaction drops them),
+/// and every write tells the earliest timer it put in each partition, once.
+#[test]
+fn due_timers_from_a_point_skip_the_deleted_ones_before_it() {
+    let dir = temp("store-timers-floor");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let fired = 10_000;
+    let mut b = Batch::default();
+    for i in 0..fired {
+        b.timers_added.push((0, timer_entry(i, &format!("op-{i}"))));
+    }
+    b.timers_added.push((0, timer_entry(fired + 5, "due")));
+    b.timers_added.push((1, timer_entry(42, "other")));
+    store.commit(b).unwrap();
+    assert_eq!(store.take_timer_puts(), std::collections::BTreeMap::from([(0, 0), (1, 42)]));
+    assert!(store.take_timer_puts().is_empty(), "taken once");
+    let mut b = Batch::default();
+    for i in 0..fired {
+        b.timers_removed.push((0, i, format!("op-{i}")));
+    }
+    store.commit(b).unwrap();
+    assert!(store.take_timer_puts().is_empty(), "deletes put no timer");
+
+    let skipped_by = |from: i64| {
+        let (due, skipped) = counting_deletes_skipped(|| store.due_timers_from(0, from, fired + 10, 100).unwrap());
+        assert_eq!(due.iter().map(|t| t.operation_id.as_str()).collect::<Vec<_>>(), ["due"]);
+        skipped
+    };
+    assert!(skipped_by(i64::MIN) >= fired as u64, "from the start, every deletion is stepped over");
+    assert!(skipped_by(fired) < 10, "from past them, none is");
+    // From the due time itself: the timer is included.
+    assert_eq!(store.due_timers_from(0, fired + 5, fired + 5, 10).unwrap().len(), 1);
+    assert!(store.due_timers_from(0, fired + 6, fired + 10, 10).unwrap().is_empty());
 }
 
 /// An operation's latest verdict is stored once: its id and reason (as its
