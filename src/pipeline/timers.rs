@@ -72,8 +72,9 @@ pub(super) struct TimerWheel {
     /// are acknowledged.
     earned: Vec<(i32, i64)>,
     /// The earliest due time of the `DeadlineReached` events consumed back
-    /// since the last tick: every floor goes back to it at the next (not at once, so that
-    /// a floor earned by a scan before them cannot pass it again).
+    /// since the last tick: every floor goes back to it at the next (not at
+    /// once, so that a floor earned by a scan before them cannot pass it
+    /// again).
     consumed_from: Option<i64>,
 }
 

@@ -21,34 +21,33 @@ fn time_bytes(at: i64) -> [u8; 8] {
 
 /// `partition ++ time ++ operation_id`: a partition's timers in time order.
 pub(crate) fn timer(partition: i32, at: i64, operation_id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(12 + operation_id.len());
+    let mut k = timer_prefix(partition, at, operation_id.len());
+    k.extend_from_slice(operation_id.as_bytes());
+    k
+}
+
+/// `partition ++ time`, with room for `more` bytes after it.
+fn timer_prefix(partition: i32, at: i64, more: usize) -> Vec<u8> {
+    let mut k = Vec::with_capacity(12 + more);
     k.extend_from_slice(&(partition as u32).to_be_bytes());
     k.extend_from_slice(&time_bytes(at));
-    k.extend_from_slice(operation_id.as_bytes());
     k
 }
 
 /// The first key of any timer of `partition` due at or after `at`.
 pub(crate) fn timer_from(partition: i32, at: i64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(12);
-    k.extend_from_slice(&(partition as u32).to_be_bytes());
-    k.extend_from_slice(&time_bytes(at));
-    k
+    timer_prefix(partition, at, 0)
 }
 
 /// The partition and due time of a key made by [`timer`] (`None`: too short).
 pub(crate) fn timer_due(key: &[u8]) -> Option<(i32, i64)> {
-    let partition = u32::from_be_bytes(key.get(..4)?.try_into().ok()?) as i32;
-    let at = (u64::from_be_bytes(key.get(4..12)?.try_into().ok()?) ^ (1 << 63)) as i64;
-    Some((partition, at))
+    let at = fixed::<8>(key.get(4..)?).map(|b| (u64::from_be_bytes(b) ^ (1 << 63)) as i64)?;
+    Some((partition_of(key)?, at))
 }
 
 /// The first key after every timer of `partition` due at or before `at`.
 pub(crate) fn timer_upper(partition: i32, at: i64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(12);
-    k.extend_from_slice(&(partition as u32).to_be_bytes());
-    k.extend_from_slice(&time_bytes(at.saturating_add(1)));
-    k
+    timer_from(partition, at.saturating_add(1))
 }
 
 /// `partition ++ len(operation_id) ++ operation_id`: an operation's

@@ -152,6 +152,11 @@ pub struct Store {
     timer_puts: Mutex<BTreeMap<i32, i64>>,
 }
 
+/// Keeps the earlier of `at` and the time `times` holds for `partition`.
+fn keep_earliest(times: &mut BTreeMap<i32, i64>, partition: i32, at: i64) {
+    times.entry(partition).and_modify(|t| *t = (*t).min(at)).or_insert(at);
+}
+
 /// A key and a value, as a write batch takes them.
 pub(super) type KeyValue = (Vec<u8>, Vec<u8>);
 
@@ -522,7 +527,7 @@ impl Store {
     /// Notes a write of any timers of `partition` (a restore's, which
     /// moves timers without listing them): its scans start over.
     pub(super) fn note_rewritten(&self, partition: i32) {
-        self.note_timer_puts(BTreeMap::from([(partition, i64::MIN)]));
+        keep_earliest(&mut self.timer_puts.lock().expect("not poisoned"), partition, i64::MIN);
     }
 
     /// Notes timers written (after the write, never before: a scan that
@@ -533,7 +538,7 @@ impl Store {
         }
         let mut notes = self.timer_puts.lock().expect("not poisoned");
         for (p, at) in puts {
-            notes.entry(p).and_modify(|e| *e = (*e).min(at)).or_insert(at);
+            keep_earliest(&mut notes, p, at);
         }
     }
 
@@ -799,7 +804,7 @@ impl Store {
             match w {
                 Write::Put { family: Family::Timers, key, value } => {
                     if let Some((p, at)) = keys::timer_due(&bytes[key.clone()]) {
-                        timers.entry(p).and_modify(|e: &mut i64| *e = (*e).min(at)).or_insert(at);
+                        keep_earliest(&mut timers, p, at);
                     }
                     wb.put_cf(cf(Family::Timers), &bytes[key.clone()], &bytes[value.clone()])
                 }
