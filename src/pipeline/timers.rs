@@ -23,7 +23,7 @@
 //! still be there). A partition assigned again, or not caught up, scans
 //! from its start.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use tracing::debug;
@@ -59,8 +59,12 @@ pub(super) struct Due {
 /// What the wheel remembers between ticks.
 #[derive(Default)]
 pub(super) struct TimerWheel {
-    /// Timers published but not yet consumed back: (operation, due time).
-    fired: HashSet<(String, i64)>,
+    /// Timers published but not yet consumed back: (operation, due time)
+    /// → the partition they went to. A partition that leaves forgets its
+    /// own: its firings may be consumed back by another owner, and kept
+    /// here they would hide the same timer (same operation, same due time)
+    /// from every later tick if the partition came back with it live.
+    fired: HashMap<(String, i64), i32>,
     /// Per owned partition: the high watermark at assignment until the
     /// partition has consumed past it (`None` once it has). Past it the
     /// partition stays caught up whatever new traffic arrives.
@@ -79,10 +83,15 @@ pub(super) struct TimerWheel {
 }
 
 impl TimerWheel {
-    /// Partition `p` was (re)assigned: it must catch up again.
+    /// Partition `p` was (re)assigned: it must catch up again. Its
+    /// firings are forgotten: each was acknowledged before the assignment
+    /// (a tick publishes and waits in one step), so it lies below the mark
+    /// the partition catches up to, and is consumed back, or was consumed
+    /// by another owner, before the partition fires again.
     pub fn assigned(&mut self, p: i32) {
         self.catch_up.remove(&p);
         self.forget_floor(p);
+        self.fired.retain(|_, q| *q != p);
     }
 
     /// Forgets partitions that are not in `owned`.
@@ -90,6 +99,7 @@ impl TimerWheel {
         self.catch_up.retain(|p, _| owned.contains(p));
         self.floors.retain(|p, _| owned.contains(p));
         self.earned.retain(|(p, _)| owned.contains(p));
+        self.fired.retain(|_, p| owned.contains(p));
     }
 
     /// `DeadlineReached` events consumed back: (operation, due time).
@@ -106,7 +116,7 @@ impl TimerWheel {
     /// to be published again until they are consumed back. The floors the
     /// tick's scans earned hold from now on.
     pub fn fired(&mut self, due: Vec<Due>) {
-        self.fired.extend(due.into_iter().map(|d| d.key));
+        self.fired.extend(due.into_iter().map(|d| (d.key, d.partition)));
         for (p, floor) in self.earned.drain(..) {
             let f = self.floors.entry(p).or_insert(floor);
             *f = (*f).max(floor);
@@ -184,7 +194,7 @@ impl TimerWheel {
             self.earned.push((p, earned));
             for t in timers {
                 let key = (t.operation_id, t.at);
-                if self.fired.contains(&key) {
+                if self.fired.contains_key(&key) {
                     continue;
                 }
                 let ev = Event::deadline_reached(&key.0, &t.entity_id, &t.operation_type, t.at);
@@ -194,5 +204,40 @@ impl TimerWheel {
             }
         }
         Ok((due, caught_up))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(partition: i32, operation: &str, at: i64) -> Due {
+        let record = OutboxRecord { topic: "events".into(), key: None, value: None, headers: Vec::new() };
+        Due { record, partition, key: (operation.into(), at) }
+    }
+
+    fn in_flight(wheel: &TimerWheel, operation: &str, at: i64) -> bool {
+        wheel.fired.contains_key(&(operation.to_string(), at))
+    }
+
+    #[test]
+    fn a_partition_that_leaves_or_comes_back_forgets_its_firings() {
+        let mut wheel = TimerWheel::default();
+        wheel.fired(vec![due(1, "op-a", 10), due(2, "op-b", 20), due(3, "op-c", 30)]);
+        assert!(in_flight(&wheel, "op-a", 10) && in_flight(&wheel, "op-b", 20) && in_flight(&wheel, "op-c", 30));
+
+        // Partition 1 revoked: another owner may consume op-a's deadline.
+        wheel.retain(&[2, 3]);
+        assert!(!in_flight(&wheel, "op-a", 10));
+        assert!(in_flight(&wheel, "op-b", 20) && in_flight(&wheel, "op-c", 30));
+
+        // Partition 2 assigned again: its firing lies below its catch-up mark.
+        wheel.assigned(2);
+        assert!(!in_flight(&wheel, "op-b", 20));
+        assert!(in_flight(&wheel, "op-c", 30));
+
+        // Consumed back: no longer in flight, whoever fired it.
+        wheel.consumed(vec![("op-c".into(), 30)]);
+        assert!(wheel.fired.is_empty());
     }
 }
