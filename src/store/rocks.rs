@@ -802,13 +802,13 @@ impl Store {
         let mut timers = BTreeMap::new();
         for w in &part.writes {
             match w {
-                Write::Put { family: Family::Timers, key, value } => {
-                    if let Some((p, at)) = keys::timer_due(&bytes[key.clone()]) {
+                Write::Put { family, key, value } => {
+                    let key = &bytes[key.clone()];
+                    if let Some((p, at)) = (*family == Family::Timers).then(|| keys::timer_due(key)).flatten() {
                         keep_earliest(&mut timers, p, at);
                     }
-                    wb.put_cf(cf(Family::Timers), &bytes[key.clone()], &bytes[value.clone()])
+                    wb.put_cf(cf(*family), key, &bytes[value.clone()])
                 }
-                Write::Put { family, key, value } => wb.put_cf(cf(*family), &bytes[key.clone()], &bytes[value.clone()]),
                 Write::Delete { family, key } => wb.delete_cf(cf(*family), &bytes[key.clone()]),
                 Write::DeleteRange { family, from, to, .. } => {
                     wb.delete_range_cf(cf(*family), &bytes[from.clone()], &bytes[to.clone()])
