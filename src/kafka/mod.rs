@@ -173,21 +173,55 @@ pub fn client_config(
     for (k, v) in passthrough {
         cfg.set(k, v);
     }
+    if defaults.iter().any(|(k, _)| *k == FETCH_MAX_BYTES.0) && !passthrough.contains_key(FETCH_MAX_BYTES.0) {
+        cfg.set(FETCH_MAX_BYTES.0, fetch_max_bytes(passthrough).to_string());
+    }
     for (k, v) in required {
         cfg.set(*k, *v);
     }
     cfg
 }
 
-/// Consumer defaults: a short fetch wait, so an event (or a timer written
-/// into the log) is seen within milliseconds on a quiet topic. 10 ms, not
-/// 50: a broker that holds a fetch for its whole wait even once records
-/// arrive (tansu 0.6.0 here) adds up to that wait to every record's
-/// latency; at 10 ms the event→verdict p50 at half rate fell from 114 to
-/// 62 ms (BENCHMARKS.md). Apache Kafka answers as soon as records arrive,
-/// so there the wait only paces the fetches of an idle consumer (100 per
-/// second per broker); raise it in `[kafka]` where that matters more.
-pub const CONSUMER_DEFAULTS: [(&str, &str); 1] = [("fetch.wait.max.ms", "10")];
+/// The default [`FETCH_MAX_BYTES`] fitted to the operator's settings, which
+/// librdkafka checks it against: at most `receive.message.max.bytes` less
+/// 512 (a response's framing), and at least `message.max.bytes` (its
+/// default, 1,000,000, when not set).
+fn fetch_max_bytes(passthrough: &BTreeMap<String, String>) -> u64 {
+    let set = |key: &str| passthrough.get(key).and_then(|v| v.trim().parse::<u64>().ok());
+    let mut fetch = FETCH_MAX_BYTES.1.parse::<u64>().unwrap_or(1 << 20);
+    if let Some(received) = set("receive.message.max.bytes") {
+        fetch = fetch.min(received.saturating_sub(512));
+    }
+    fetch.max(set("message.max.bytes").unwrap_or(1_000_000))
+}
+
+/// Consumer defaults.
+///
+/// A short fetch wait, so an event (or a timer written into the log) is
+/// seen within milliseconds on a quiet topic. 10 ms, not 50: a broker that
+/// holds a fetch for its whole wait even once records arrive (tansu 0.6.0
+/// here) adds up to that wait to every record's latency; at 10 ms the
+/// event→verdict p50 at half rate fell from 114 to 62 ms (BENCHMARKS.md).
+/// Apache Kafka answers as soon as records arrive, so there the wait only
+/// paces the fetches of an idle consumer (100 per second per broker); raise
+/// it in `[kafka]` where that matters more.
+///
+/// And fetches of at most 1 MiB (librdkafka's default is 50 MB): see
+/// [`FETCH_MAX_BYTES`].
+pub const CONSUMER_DEFAULTS: [(&str, &str); 2] = [("fetch.wait.max.ms", "10"), FETCH_MAX_BYTES];
+
+/// The most a fetch response carries (a soft limit: a larger record still
+/// comes whole). librdkafka hands none of a response's records to the
+/// application before it has read them all, so on a preloaded topic the
+/// first fetch decided when the first verdict came: at 50 MB it carried
+/// about 27,000 records (1 MB per partition), which took the client's
+/// broker thread about 120 ms to decompress and queue, and the first
+/// verdict came 0.32–0.51 s after start (`scripts/bench-e2e.sh`, 300k
+/// operations); at 1 MiB, 0.22–0.24 s. Throughput did not change in the
+/// same runs, since the client fetches again while the application works
+/// through the last response. It is fitted to the record sizes set in
+/// `[kafka]` (see [`fetch_max_bytes`]); a `fetch.max.bytes` there wins.
+pub const FETCH_MAX_BYTES: (&str, &str) = ("fetch.max.bytes", "1048576");
 
 /// The topic names of consumed records: each record refers to its name
 /// rather than owning a copy (an allocation per record on the hot path).
@@ -236,6 +270,35 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fetch size default yields to a larger `message.max.bytes` (which
+    /// librdkafka would refuse it against), and to the operator's own.
+    #[test]
+    fn the_fetch_size_default_yields_to_a_larger_record_size() {
+        let kafka = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let fetch = |m: &BTreeMap<String, String>| {
+            client_config(&CONSUMER_DEFAULTS, m, &[]).get("fetch.max.bytes").map(str::to_owned)
+        };
+        assert_eq!(fetch(&kafka(&[])).as_deref(), Some("1048576"));
+        assert_eq!(fetch(&kafka(&[("message.max.bytes", "1000")])).as_deref(), Some("1048576"));
+        assert_eq!(fetch(&kafka(&[("message.max.bytes", "8388608")])).as_deref(), Some("8388608"));
+        assert_eq!(fetch(&kafka(&[("receive.message.max.bytes", "1000600")])).as_deref(), Some("1000088"));
+        let own = kafka(&[("message.max.bytes", "8388608"), ("fetch.max.bytes", "52428800")]);
+        assert_eq!(fetch(&own).as_deref(), Some("52428800"));
+        // Clients without the default (producers) are left alone.
+        let producer = client_config(&[], &kafka(&[("message.max.bytes", "8388608")]), &[]);
+        assert_eq!(producer.get("fetch.max.bytes"), None);
+        // librdkafka accepts what comes out.
+        for (k, v) in
+            [("message.max.bytes", "1000"), ("message.max.bytes", "8388608"), ("receive.message.max.bytes", "1000600")]
+        {
+            let consumer: Result<rdkafka::consumer::BaseConsumer, _> =
+                client_config(&CONSUMER_DEFAULTS, &kafka(&[(k, v)]), &[("group.id", "t")]).create();
+            assert!(consumer.is_ok(), "{k} = {v}: {:?}", consumer.err());
+        }
+    }
 
     /// Records of one topic share its name; another topic gets its own.
     #[test]

@@ -82,6 +82,19 @@ fn next_batch_limit(limit: usize, got: usize, full: usize) -> usize {
     }
 }
 
+/// Opens the state store of `cfg` (creating its directory): for a live
+/// pipeline, or for a rebuild when `replay` is set (see
+/// [`Store::open_for_rebuild`]).
+fn open_store(cfg: &Config, replay: Option<bool>) -> Result<Store, PipelineError> {
+    std::fs::create_dir_all(&cfg.state_dir)
+        .map_err(|source| PipelineError::StateDir { dir: cfg.state_dir.display().to_string(), source })?;
+    let events = &cfg.topics.events;
+    Ok(match replay {
+        None => Store::open_with(&cfg.state_dir, events, cfg.sync_writes, &cfg.store)?,
+        Some(_) => Store::open_for_rebuild(&cfg.state_dir, events, &cfg.store)?,
+    })
+}
+
 /// The partition of a changelog record (from its key).
 fn changelog_partition(r: &OutboxRecord) -> Option<i32> {
     changelog::partition_of(r.key.as_deref().unwrap_or_default())
@@ -267,27 +280,37 @@ impl Pipeline {
         // verdict is a target (issue 20).
         let began = Instant::now();
         let step = |what: &str| debug!(ms = began.elapsed().as_millis() as u64, "Start-up: {what}");
-        // Refused credentials fail here, with the broker's reason, rather
-        // than as the next call's timeout.
-        crate::kafka::connect::check_credentials(&cfg.kafka)?;
-        step("credentials checked");
-        admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
-        step("topics ensured");
-        let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
-        let created = match t.changelog() {
-            Some(changelog) => {
-                admin::ensure_changelog(&cfg.kafka, &watermarks, changelog, &t.events, t.replication_factor)?
-            }
-            None => false,
-        };
-        step("changelog ensured");
-        std::fs::create_dir_all(&cfg.state_dir)
-            .map_err(|source| PipelineError::StateDir { dir: cfg.state_dir.display().to_string(), source })?;
-        let store = Arc::new(match replay {
-            None => Store::open_with(&cfg.state_dir, &t.events, cfg.sync_writes, &cfg.store)?,
-            Some(_) => Store::open_for_rebuild(&cfg.state_dir, &t.events, &cfg.store)?,
+        // The store opens on a thread of its own while the broker answers
+        // the checks below: each takes tens of milliseconds, most of it
+        // waiting, and both come before the first verdict. A broker's
+        // refusal is still reported first, as when they ran in turn.
+        let (broker, store) = std::thread::scope(|s| {
+            let opening = s.spawn(|| {
+                let opened = open_store(&cfg, replay);
+                step("store opened");
+                opened
+            });
+            let broker = (|| {
+                // Refused credentials fail here, with the broker's reason,
+                // rather than as the next call's timeout.
+                crate::kafka::connect::check_credentials(&cfg.kafka)?;
+                step("credentials checked");
+                admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
+                step("topics ensured");
+                let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
+                let created = match t.changelog() {
+                    Some(changelog) => {
+                        admin::ensure_changelog(&cfg.kafka, &watermarks, changelog, &t.events, t.replication_factor)?
+                    }
+                    None => false,
+                };
+                step("changelog ensured");
+                Ok::<_, PipelineError>((watermarks, created))
+            })();
+            (broker, opening.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
         });
-        step("store opened");
+        let (watermarks, created) = broker?;
+        let store = Arc::new(store?);
         let max_bytes = cfg.consumer.max_record_bytes + DLQ_HEADER_ROOM;
         // A replay publishes into scratch topics or nowhere: no transactions.
         let txn = match (cfg.guarantee, replay) {
