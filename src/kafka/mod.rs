@@ -188,7 +188,7 @@ pub fn client_config(
 /// default, 1,000,000, when not set).
 fn fetch_max_bytes(passthrough: &BTreeMap<String, String>) -> u64 {
     let set = |key: &str| passthrough.get(key).and_then(|v| v.trim().parse::<u64>().ok());
-    let mut fetch = FETCH_MAX_BYTES.1.parse::<u64>().unwrap_or(1 << 20);
+    let mut fetch = FETCH_MAX_BYTES.1.parse::<u64>().expect("FETCH_MAX_BYTES is a number of bytes");
     if let Some(received) = set("receive.message.max.bytes") {
         fetch = fetch.min(received.saturating_sub(512));
     }
