@@ -179,6 +179,9 @@ pub struct Consumer {
     /// batch's passes (decode, load, apply, encode, write) then walks more
     /// memory than the core's cache holds: at 5,000 a batch cost more CPU
     /// per record end to end than at 2,000 (BENCHMARKS.md, issue 20).
+    /// Under a backlog that keeps the loop waiting for acknowledgements,
+    /// batches stretch up to four times this size, and come back to it
+    /// once the backlog is gone (see `pipeline::batch_limit`).
     pub batch_size: usize,
     /// Longest wait to fill a batch, in ms.
     pub batch_wait_ms: u64,

@@ -19,6 +19,7 @@
 //!   a Kafka transaction per batch before its store write.
 
 mod apply;
+mod batch_limit;
 mod exactly_once;
 pub mod faults;
 mod in_flight;
@@ -53,34 +54,6 @@ use crate::store::{changelog, Claims, Store, StoreError};
 /// for the answer (the run loop waits meanwhile).
 const OFFSETS_CHECK_EVERY: Duration = Duration::from_secs(5);
 const OFFSETS_CHECK_PATIENCE: Duration = Duration::from_secs(1);
-
-/// Batch sizes ramp up: after start-up and after an idle poll a batch
-/// takes at most 1/RAMP_FIRST of `[consumer] batch_size` (but at least
-/// [`RAMP_FLOOR`] records), and each batch that comes back full doubles the
-/// next one's limit up to `batch_size`. A preloaded topic's first batch of
-/// 5,000 records (the default `batch_size` then) took 83 ms to apply (cold
-/// caches, fresh memory) before any verdict could go out; a burst after a
-/// quiet spell waited the same way. Thin input never fills a batch, so it
-/// is not affected; thick input reaches full batches in a few.
-const RAMP_FIRST: usize = 16;
-
-/// The smallest first batch of a ramp: a few hundred records apply in a
-/// few milliseconds, so smaller `batch_size`s are not ramped at all (the
-/// crash suites choose theirs, 10 to 99, to place their crash points).
-const RAMP_FLOOR: usize = 256;
-
-/// The most records the next batch takes (see [`RAMP_FIRST`]), given the
-/// last limit and how many records that poll returned.
-fn next_batch_limit(limit: usize, got: usize, full: usize) -> usize {
-    let first = (full / RAMP_FIRST).max(RAMP_FLOOR).min(full);
-    if got == 0 {
-        first
-    } else if got >= limit {
-        limit.saturating_mul(2).min(full)
-    } else {
-        limit
-    }
-}
 
 /// Opens the state store of `cfg` (creating its directory): for a live
 /// pipeline, or for a rebuild when `replay` is set (see
@@ -242,6 +215,8 @@ pub struct Pipeline {
     /// Shared with the consumer's revoke callback, which finishes them
     /// before partitions are released.
     in_flight: Arc<Mutex<in_flight::InFlight>>,
+    /// How many records the next poll takes (see [`batch_limit`]).
+    batch_limit: batch_limit::BatchLimit,
 }
 
 impl Pipeline {
@@ -352,6 +327,7 @@ impl Pipeline {
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
         let fence = restore::Fence::new(&cfg.kafka);
         step("clients created");
+        let batch_limit = batch_limit::BatchLimit::new(cfg.consumer.batch_size);
         Ok(Pipeline {
             metrics,
             policy: cfg.policy(),
@@ -372,6 +348,7 @@ impl Pipeline {
             discard_outputs: replay == Some(true),
             stats: Stats::default(),
             in_flight: Arc::default(),
+            batch_limit,
         })
     }
 
@@ -411,12 +388,10 @@ impl Pipeline {
         // When the loop last polled: the member was alive then (the zombie
         // fence measures stalls from there).
         let mut last_poll = Instant::now();
-        let full = self.cfg.consumer.batch_size;
-        let mut limit = next_batch_limit(full, 0, full);
         while !shutdown.load(Ordering::SeqCst) {
             let this_poll = Instant::now();
-            let (records, revoked) = self.consumer.poll_batch(limit, wait)?;
-            limit = next_batch_limit(limit, records.len(), full);
+            let (records, revoked) = self.consumer.poll_batch(self.batch_limit.limit(), wait)?;
+            self.batch_limit.polled(records.len());
             let idle = records.is_empty() && !revoked;
             self.observe_assignment();
             if records.is_empty() || revoked {
@@ -625,6 +600,7 @@ impl Pipeline {
         let sent = if self.discard_outputs { in_flight::Sent::Nothing } else { self.send_outputs(&outbox) };
         self.stats.batches += 1;
         self.metrics.batch(records.len(), started.elapsed());
+        self.batch_limit.waited(acked - stored, started.elapsed());
         debug!(
             records = records.len(),
             outputs = outbox.len(),
@@ -728,33 +704,5 @@ impl Pipeline {
         debug!(count = due.len(), "Timers fired");
         self.timers.fired(due);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::next_batch_limit;
-
-    /// From start-up or an idle poll a batch is small, full batches double
-    /// the next one's limit up to the configured size, and a batch that
-    /// came back short (thin input) keeps the limit where it is.
-    #[test]
-    fn batch_limits_ramp_up_after_idle_and_stay_for_thin_input() {
-        let full = 5000;
-        let mut limit = next_batch_limit(full, 0, full);
-        assert_eq!(limit, 312);
-        let mut limits = vec![limit];
-        while limit < full {
-            limit = next_batch_limit(limit, limit, full);
-            limits.push(limit);
-        }
-        assert_eq!(limits, [312, 624, 1248, 2496, 4992, 5000]);
-        assert_eq!(next_batch_limit(full, 4000, full), full, "thin input keeps the limit");
-        assert_eq!(next_batch_limit(full, 0, full), 312, "an idle poll starts over");
-        assert_eq!(next_batch_limit(1, 0, 1), 1, "a batch size of 1 stays 1");
-        for small in [10, 99, 256] {
-            assert_eq!(next_batch_limit(small, 0, small), small, "batch size {small} is not ramped");
-        }
-        assert_eq!(next_batch_limit(1000, 0, 1000), 256, "at least RAMP_FLOOR records");
     }
 }
