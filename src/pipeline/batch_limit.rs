@@ -37,7 +37,7 @@ const RAMP_FIRST: usize = 16;
 const RAMP_FLOOR: usize = 256;
 
 /// The most a limit grows past the configured size, as a multiple of it.
-pub(super) const STRETCH: usize = 4;
+const STRETCH: usize = 4;
 
 /// Share of a cycle spent waiting for acknowledgements (smoothed) above
 /// which full batches grow past the configured size.
