@@ -180,8 +180,9 @@ pub struct Consumer {
     /// memory than the core's cache holds: at 5,000 a batch cost more CPU
     /// per record end to end than at 2,000 (BENCHMARKS.md, issue 20).
     /// Under a backlog that keeps the loop waiting for acknowledgements,
-    /// batches stretch up to four times this size, and come back to it
-    /// once the backlog is gone (see `pipeline::batch_limit`).
+    /// batches stretch up to four times this size; they halve back to it
+    /// once that wait is a small share of each cycle, and an idle poll
+    /// starts from a small batch again (see `pipeline::batch_limit`).
     pub batch_size: usize,
     /// Longest wait to fill a batch, in ms.
     pub batch_wait_ms: u64,

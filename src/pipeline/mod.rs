@@ -599,15 +599,16 @@ impl Pipeline {
         let (outbox, changelog) = self.split_changelog(batch.into_outbox());
         let sent = if self.discard_outputs { in_flight::Sent::Nothing } else { self.send_outputs(&outbox) };
         self.stats.batches += 1;
-        self.metrics.batch(records.len(), started.elapsed());
-        self.batch_limit.waited(acked - stored, started.elapsed());
+        let cycle = started.elapsed();
+        self.metrics.batch(records.len(), cycle);
+        self.batch_limit.waited(acked - stored, cycle);
         debug!(
             records = records.len(),
             outputs = outbox.len(),
             apply_us = applied.as_micros() as u64,
             store_us = (stored - applied).as_micros() as u64,
             previous_ack_us = (acked - stored).as_micros() as u64,
-            total_us = started.elapsed().as_micros() as u64,
+            total_us = cycle.as_micros() as u64,
             oldest_record_ms = ?waited_ms,
             next_offsets = ?touched,
             "Batch committed"
