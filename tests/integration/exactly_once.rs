@@ -347,11 +347,13 @@ fn the_broker_fences_a_zombie_with_the_same_transactional_id() {
         second.log_tail()
     );
     common::child::signal(first.pid(), "CONT");
-    assert!(
-        wait_for(Duration::from_secs(60), || first.exited().is_some()),
-        "the fenced instance did not stop; log:\n{}",
-        first.log_tail()
-    );
+    if !wait_for(Duration::from_secs(60), || first.exited().is_some()) {
+        let stacks = common::child::stacks(first.pid(), &run.dir.join("first.stacks"));
+        panic!(
+            "the fenced instance did not stop; log:\n{}\nits threads:\n{stacks}\nthe fenced instance did not stop within 60 s of its resumption",
+            first.log_tail()
+        );
+    }
     let status = first.exited().expect("exited above");
     assert!(!status.success(), "a fenced instance exits non-zero");
     let log_1 = std::fs::read_to_string(run.dir.join("first.log")).unwrap_or_default();

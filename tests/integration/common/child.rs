@@ -211,14 +211,58 @@ pub fn signal(pid: u32, name: &str) {
     Command::new("kill").args([&format!("-{name}"), &pid.to_string()]).status().unwrap();
 }
 
-/// The last lines of an instance's log, latest first, for a failure
+/// The last lines of an instance's log, oldest first, for a failure
 /// message. 200: an instance that fires timers logs one line per timer, and
 /// 25 lines of a stalled survivor (the exactly-once suite's intermittent
 /// "not settled") showed only its last timer batch, not where it waited.
-/// CI shows the start and the end of a long output: a message that ends in
-/// a tail states its reason again after it.
+/// CI shows the start and the end of a long output, which cuts the middle
+/// of a long message: so the latest lines come last, next to the reason,
+/// and a message that ends in a tail states its reason again after it.
 pub fn tail(log: &Path) -> String {
-    std::fs::read_to_string(log).unwrap_or_default().lines().rev().take(200).collect::<Vec<_>>().join("\n")
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(200)..].join("\n")
+}
+
+/// Where the threads of a live process `pid` are, for the failure message
+/// of a process that should have exited: each thread's name and its
+/// innermost frames that have source (the standard library's and the
+/// thread plumbing's left out), from gdb when the machine has it
+/// (librdkafka's per-broker threads, always in their poll, are counted,
+/// not shown). The whole dump goes to `dump`.
+pub fn stacks(pid: u32, dump: &Path) -> String {
+    let out = Command::new("gdb")
+        .args(["-p", &pid.to_string(), "-batch", "-nx", "-ex", "thread apply all bt 40"])
+        .stdin(Stdio::null())
+        .output();
+    let Ok(out) = out else { return "(no gdb on this machine: no stacks)".into() };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = std::fs::write(dump, &text);
+    let mut threads: Vec<(String, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("Thread ") {
+            let name = line.rsplit('"').nth(1).unwrap_or("?").to_owned();
+            threads.push((name, Vec::new()));
+        } else if let (Some(rest), Some((_, frames))) = (line.strip_prefix('#'), threads.last_mut()) {
+            let func =
+                rest.split_once(" in ").map_or(rest.trim_start_matches(|c: char| c.is_ascii_digit()), |(_, f)| f);
+            // The function without its arguments and generic parameters.
+            let func = func.split(" (").next().unwrap_or("").trim();
+            let func = func.split('<').next().filter(|f| !f.is_empty()).unwrap_or(func);
+            let plumbing = ["__", "std::", "core::", "alloc::", "syscall", "cnd_", "{closure", "start_thread", "clone"];
+            if line.contains(" at ") && !plumbing.iter().any(|p| func.starts_with(p)) && frames.len() < 5 {
+                frames.push(func.to_owned());
+            }
+        }
+    }
+    let brokers = threads.iter().filter(|(n, _)| n.starts_with("rdk:broker")).count();
+    let mut lines: Vec<String> = threads
+        .iter()
+        .filter(|(n, _)| !n.starts_with("rdk:broker"))
+        .map(|(n, f)| format!("  {n}: {}", f.join(" < ")))
+        .collect();
+    lines.push(format!("  ({brokers} rdk:broker threads; all stacks in {})", dump.display()));
+    lines.join("\n")
 }
 
 const PROBE_CHILD_CONFIG: &str = "PROBE_CHILD_CONFIG";
