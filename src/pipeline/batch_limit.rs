@@ -17,7 +17,7 @@
 //! times the configured size. It halves back when the share falls below
 //! [`SHRINK_AT`]. A poll that comes back short leaves it as it is (it
 //! does not bind then), and an idle poll starts the ramp over. A preloaded
-//! topic read at full rate waits little (7 % of its cycles), so its
+//! topic read at full rate waits little (8 % of its cycles), so its
 //! batches stay at the configured size.
 
 use std::time::Duration;
