@@ -255,6 +255,11 @@ pub fn stacks(pid: u32, dump: &Path) -> String {
             }
         }
     }
+    if threads.is_empty() {
+        // Attached to nothing (no such process, or ptrace refused): say why.
+        let why = String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("no output").to_owned();
+        return format!("(gdb showed no threads: {why})");
+    }
     let brokers = threads.iter().filter(|(n, _)| n.starts_with("rdk:broker")).count();
     let mut lines: Vec<String> = threads
         .iter()
