@@ -5,7 +5,8 @@
 //! publishes it, so nothing downstream (state, verdicts, explain) can leak it.
 
 use std::borrow::Cow;
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, PoisonError};
 
 use regex::{Regex, RegexSet};
 
@@ -41,25 +42,37 @@ pub struct PatternError {
     pub source: regex::Error,
 }
 
-/// The default patterns, compiled once per process: each compilation took
-/// about 15 million instructions (callgrind), and every `Policy::default()`
-/// and default configuration made one. A clone shares the compiled
-/// automata (each clone keeps its own search cache).
-static DEFAULT: LazyLock<Redactor> =
-    LazyLock::new(|| Redactor::compile(&DEFAULT_PATTERNS).expect("default patterns compile"));
+/// Every pattern list compiled so far in this process, by its patterns:
+/// each compilation takes about 15 million instructions (callgrind of the
+/// four default patterns), and one process builds the same list several
+/// times (the configuration's validation, the pipeline's policy, the
+/// metrics sampler's, every `Policy::default()`). A clone shares the
+/// compiled automata (each clone keeps its own search cache). A process
+/// compiles a handful of lists (the default and the configured one), so
+/// the map stays small; lists that fail to compile are not kept.
+static COMPILED: LazyLock<Mutex<HashMap<Vec<String>, Redactor>>> = LazyLock::new(Mutex::default);
 
 impl Redactor {
     /// Compiles `patterns`; fails naming the first pattern that does not
-    /// compile. The default patterns are compiled once per process.
+    /// compile. A list already compiled in this process is not compiled
+    /// again.
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
-        if patterns.iter().map(|p| p.as_ref()).eq(DEFAULT_PATTERNS) {
-            return Ok(DEFAULT.clone());
+        let key: Vec<String> = patterns.iter().map(|p| p.as_ref().to_owned()).collect();
+        // Compiled under the lock: two threads asking for the same new
+        // list compile it once.
+        let mut compiled = COMPILED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = compiled.get(&key) {
+            return Ok(r.clone());
         }
-        Redactor::compile(patterns)
+        let r = Redactor::compile(&key)?;
+        compiled.insert(key, r.clone());
+        Ok(r)
     }
 
     /// Compiles `patterns` as given.
     fn compile<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
+        #[cfg(test)]
+        tests::COMPILATIONS.with(|n| n.set(n.get() + 1));
         let patterns = patterns
             .iter()
             .map(|p| Regex::new(p.as_ref()).map_err(|source| PatternError { pattern: p.as_ref().to_owned(), source }))
@@ -92,7 +105,7 @@ impl Redactor {
 
 impl Default for Redactor {
     fn default() -> Self {
-        DEFAULT.clone()
+        Redactor::new(&DEFAULT_PATTERNS).expect("default patterns compile")
     }
 }
 
@@ -118,14 +131,36 @@ mod tests {
         assert!(matches!(r.redact("HTTP 504 after 30s"), Cow::Borrowed(_)));
     }
 
-    /// Configured patterns are compiled as given; only the default list is
-    /// shared.
+    /// Configured patterns replace the default list; a list compiled
+    /// before is shared, not mixed with another.
     #[test]
     fn configured_patterns_replace_the_default_ones() {
         let r = Redactor::new(&["internal-[0-9]+"]).unwrap();
         assert_eq!(r.redact("host internal-42 for jane.doe@example.com"), "host [REDACTED] for jane.doe@example.com");
         let d = Redactor::new(&DEFAULT_PATTERNS.map(String::from)).unwrap();
         assert_eq!(d.redact("mail jane.doe@example.com"), "mail [REDACTED]");
+    }
+
+    thread_local! {
+        /// Compilations made by this thread (tests run on threads of their
+        /// own, so a test counts only its own).
+        pub(super) static COMPILATIONS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A list compiled once is shared by every later `new` of the same
+    /// list, in any order of its callers; another list compiles anew.
+    #[test]
+    fn a_list_is_compiled_once_per_process() {
+        let before = COMPILATIONS.with(|n| n.get());
+        let first = Redactor::new(&["order-secret-[0-9]+", "(?i)pin=\\d+"]).unwrap();
+        let again = Redactor::new(&["order-secret-[0-9]+".to_owned(), "(?i)pin=\\d+".to_owned()]).unwrap();
+        assert_eq!(COMPILATIONS.with(|n| n.get()) - before, 1);
+        for r in [&first, &again] {
+            assert_eq!(r.redact("order-secret-7 PIN=1234 ok"), "[REDACTED] [REDACTED] ok");
+        }
+        let other = Redactor::new(&["order-secret-[0-9]+"]).unwrap();
+        assert_eq!(COMPILATIONS.with(|n| n.get()) - before, 2);
+        assert_eq!(other.redact("order-secret-7 PIN=1234"), "[REDACTED] PIN=1234");
     }
 
     #[test]
