@@ -208,7 +208,23 @@ fn fetch_max_bytes(passthrough: &BTreeMap<String, String>) -> u64 {
 ///
 /// And fetches of at most 1 MiB (librdkafka's default is 50 MB): see
 /// [`FETCH_MAX_BYTES`].
-pub const CONSUMER_DEFAULTS: [(&str, &str); 2] = [("fetch.wait.max.ms", "10"), FETCH_MAX_BYTES];
+///
+/// And a prefetch that resumes within 10 ms once the application has taken
+/// records from a full queue: see [`FETCH_QUEUE_BACKOFF`].
+pub const CONSUMER_DEFAULTS: [(&str, &str); 3] = [("fetch.wait.max.ms", "10"), FETCH_MAX_BYTES, FETCH_QUEUE_BACKOFF];
+
+/// How long librdkafka waits before it fetches again for a partition whose
+/// prefetch found the local queue full (`queued.max.messages.kbytes`, 64 MiB
+/// in all by default, or `queued.min.messages` per partition). Its default,
+/// 1,000 ms, starved every consumer that reads a backlog faster than that
+/// queue lasts: the pipeline worked through the 64 MiB in about half a
+/// second, then waited about 0.6 s for the next fetch, once per round of
+/// partitions, half of its wall time on a preloaded topic (its batch log:
+/// 5.07 s of 10.2 s between batches, in 14 pauses of 0.35–0.59 s). At 10
+/// ms, the pace of the fetch wait above, the queue is refilled as it
+/// drains; the queue's size, and so the memory it takes, is unchanged
+/// (BENCHMARKS.md, "the consumers' prefetch no longer pauses for a second").
+pub const FETCH_QUEUE_BACKOFF: (&str, &str) = ("fetch.queue.backoff.ms", "10");
 
 /// The most a fetch response carries (a soft limit: a larger record still
 /// comes whole). librdkafka hands none of a response's records to the
@@ -272,7 +288,9 @@ mod tests {
     use super::*;
 
     /// The fetch size default yields to a larger `message.max.bytes` (which
-    /// librdkafka would refuse it against), and to the operator's own.
+    /// librdkafka would refuse it against), and to the operator's own; every
+    /// consumer default yields to the operator's, and librdkafka accepts
+    /// them.
     #[test]
     fn the_fetch_size_default_yields_to_a_larger_record_size() {
         let kafka = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
@@ -287,6 +305,12 @@ mod tests {
         assert_eq!(fetch(&kafka(&[("receive.message.max.bytes", "1000600")])).as_deref(), Some("1000088"));
         let own = kafka(&[("message.max.bytes", "8388608"), ("fetch.max.bytes", "52428800")]);
         assert_eq!(fetch(&own).as_deref(), Some("52428800"));
+        // The other defaults are set, and yield to the operator's.
+        let backoff = |m: &BTreeMap<String, String>| {
+            client_config(&CONSUMER_DEFAULTS, m, &[]).get(FETCH_QUEUE_BACKOFF.0).map(str::to_owned)
+        };
+        assert_eq!(backoff(&kafka(&[])).as_deref(), Some("10"));
+        assert_eq!(backoff(&kafka(&[("fetch.queue.backoff.ms", "500")])).as_deref(), Some("500"));
         // Clients without the default (producers) are left alone.
         let producer = client_config(&[], &kafka(&[("message.max.bytes", "8388608")]), &[]);
         assert_eq!(producer.get("fetch.max.bytes"), None);
