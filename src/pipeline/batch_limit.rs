@@ -3,9 +3,11 @@
 //! Small after start-up or an idle poll, doubling while batches come back
 //! full, up to `[consumer] batch_size`. That size is chosen for CPU:
 //! larger batches walk more memory than the core's cache holds
-//! (BENCHMARKS.md, "smaller batches"). But each batch also pays a fixed
-//! wait: its outputs go out only once the previous batch's are
-//! acknowledged. When input comes in faster than the loop takes it, and
+//! (BENCHMARKS.md, "smaller batches"). But each batch may also wait for
+//! the broker: the loop waits for the oldest batch in flight when too many
+//! are behind the changelog (see `in_flight.rs`; until issue 20's
+//! pipelined outputs, every batch's outputs waited for the previous
+//! batch's acknowledgements). When input comes in faster than the loop takes it, and
 //! that wait is a large share of each cycle, the configured size loses
 //! more to the wait than it saves in cache. The backlog then takes many
 //! cycles to clear, and the tail latency grows. Measured at 40,000
@@ -57,7 +59,7 @@ pub(super) struct BatchLimit {
     /// `[consumer] batch_size`.
     full: usize,
     /// Smoothed share of the last batches' cycles spent waiting for the
-    /// previous batch's acknowledgements.
+    /// batches in flight.
     waiting: f64,
 }
 
@@ -94,7 +96,8 @@ impl BatchLimit {
     }
 
     /// A batch was applied and sent in `cycle`, of which it spent
-    /// `waited` waiting for the previous batch's acknowledgements.
+    /// `waited` moving the batches in flight on (waiting for them if too
+    /// many were).
     pub(super) fn waited(&mut self, waited: Duration, cycle: Duration) {
         let share = if cycle.is_zero() { 0.0 } else { (waited.as_secs_f64() / cycle.as_secs_f64()).min(1.0) };
         self.waiting = (1.0 - LATEST) * self.waiting + LATEST * share;

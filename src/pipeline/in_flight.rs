@@ -7,19 +7,44 @@
 //! machine that held its outbox); then its outbox entries are forgotten
 //! and its group offsets committed.
 //!
-//! The run loop overlaps those waits with the next batches: while batch N
-//! is applied and stored, batch N-1's outputs and batch N-2's changelog are
-//! on their way, and N's outputs go out as soon as N-1's are acknowledged.
-//! Waiting for a batch's changelog before sending the next outputs (as
-//! before) put one more linger and broker round trip between every two
-//! batches. Each topic's records still go out in batch order: a batch's
-//! outputs are sent only after the previous batch's are acknowledged, and
-//! its changelog only after the previous changelog is. So at most two
-//! batches are in flight.
+//! A batch's outputs are sent right after its store write, whether or not
+//! the batches before it are acknowledged: the idempotent producer keeps
+//! each partition's records in the order they were sent, so outputs keep
+//! the input order without the run loop waiting for it. (Until this step
+//! a batch's outputs waited for the previous batch's acknowledgements,
+//! one broker round trip per batch on the loop's critical path.)
+//!
+//! The changelog is serial: one group of batches' changelog is in flight
+//! at a time, and the next group's goes out once it is acknowledged and
+//! the group settled. A group is every batch whose outputs are
+//! acknowledged by then, so a changelog that falls behind catches up in
+//! one round trip rather than one per batch. Its records are merged: the
+//! last record of each key, in the order of those last records, so each
+//! partition's offsets record still comes after its state records (see
+//! [`merge_changelogs`]). A group cut short by a crash is then left out
+//! by the next restore like a single batch, and a group published again
+//! after a failure never puts an earlier batch's offsets after a later
+//! batch's state.
+//!
+//! After each batch the run loop moves the batches in flight on as far as
+//! their acknowledgements allow, without waiting; it waits only when more
+//! than [`MAX_PUBLISHING`] batches are in flight behind the changelog, and
+//! when it finishes them all (idle, partitions moving, timers firing,
+//! shutting down).
+//!
+//! A failed acknowledgement purges the producer (see
+//! [`Publisher::wait`]): the later batches' records still queued are
+//! reported failed too, and each batch is published again, oldest first,
+//! before its changelog goes out. Under a failure a reader may therefore
+//! see a later batch's outputs before an earlier batch's copies published
+//! again (before this step the earlier batch went out again first). Each
+//! copy is byte-identical with the same id, as after a crash.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
 use std::sync::atomic::AtomicBool;
 
+use rustc_hash::FxHashSet;
 use tracing::warn;
 
 use super::{changelog_partition, faults, Pipeline, PipelineError};
@@ -28,23 +53,36 @@ use crate::metrics::Metrics;
 use crate::records::OutboxRecord;
 use crate::store::{changelog, Store};
 
-/// The batches in flight: at most one in each stage.
+/// Most batches in flight behind the changelog before the run loop waits
+/// for the oldest. Each changelog round trip takes a few batches' time
+/// when the broker is busy: at 35,000 records/s on the test broker, with
+/// the broker and the pipeline sharing two cores, groups of up to five
+/// batches formed, and with at most 4 the loop still waited 4.0 of its
+/// 11.4 busy seconds; with 8 it waited 1.5–2.1 s, for the same
+/// event→verdict latency (BENCHMARKS.md, issue 20). Bounds the memory the
+/// batches in flight hold (their outputs and changelog records) and how
+/// much a failure publishes again.
+pub(super) const MAX_PUBLISHING: usize = 8;
+
+/// The batches in flight.
 #[derive(Default)]
 pub(super) struct InFlight {
-    /// Outputs acknowledged, changelog sent (the older batch).
+    /// Outputs acknowledged, changelog sent: the oldest batches, merged
+    /// into one (see [`Batch::absorb`]).
     logging: Option<Batch>,
-    /// Outputs sent (the newer batch).
-    publishing: Option<Batch>,
+    /// Outputs sent, oldest first.
+    publishing: VecDeque<Batch>,
 }
 
 impl InFlight {
     /// Changelog records of the batches in flight (not yet acknowledged).
     fn changelog_records(&self) -> usize {
-        [&self.logging, &self.publishing].into_iter().flatten().map(|b| b.changelog.len()).sum()
+        self.logging.iter().chain(&self.publishing).map(|b| b.changelog.len()).sum()
     }
 }
 
-/// A stored batch on its way out.
+/// A stored batch on its way out, or a group of them once their outputs
+/// are acknowledged.
 pub(super) struct Batch {
     /// What was sent of it last: its outputs while publishing, its
     /// changelog records while logging.
@@ -52,7 +90,7 @@ pub(super) struct Batch {
     pub(super) outbox: Vec<OutboxRecord>,
     pub(super) changelog: Vec<OutboxRecord>,
     /// Its outbox entries in the store.
-    pub(super) seqs: std::ops::Range<u64>,
+    pub(super) seqs: Range<u64>,
     /// Its partitions and their next offsets.
     pub(super) touched: BTreeMap<i32, i64>,
 }
@@ -65,6 +103,40 @@ impl Batch {
     fn sent_acknowledged(&mut self, publisher: &Publisher) -> bool {
         std::mem::replace(&mut self.sent, Sent::Failed).acknowledged(publisher)
     }
+
+    /// Takes the next batch (whose outputs are acknowledged too) into
+    /// this group: its changelog after this one's, its outbox entries
+    /// (which follow this group's in the store: each batch's are the next
+    /// sequence numbers) and its offsets. Only the changelog is kept of the
+    /// outputs' records: they are acknowledged.
+    fn absorb(&mut self, next: Batch) {
+        self.outbox.clear();
+        self.changelog.extend(next.changelog);
+        // A batch without outputs has none (an empty range at 0).
+        if self.seqs.is_empty() {
+            self.seqs = next.seqs;
+        } else if !next.seqs.is_empty() {
+            debug_assert_eq!(self.seqs.end, next.seqs.start, "a batch's outbox entries follow the previous batch's");
+            self.seqs.end = next.seqs.end;
+        }
+        self.touched.extend(next.touched);
+    }
+}
+
+/// Keeps the last record of each key of `records`, in the order of those
+/// last records. Applied in that order, they leave the same state as all
+/// of them (a restore keeps a key's last value; compaction does too), and
+/// each partition's offsets record, the last of the partition in each
+/// batch's changelog, stays after the partition's state records.
+fn merge_changelogs(records: &mut Vec<OutboxRecord>) {
+    let keep: Vec<bool> = {
+        let mut seen = FxHashSet::default();
+        let mut keep: Vec<bool> = records.iter().rev().map(|r| seen.insert(r.key.as_deref())).collect();
+        keep.reverse();
+        keep
+    };
+    let mut keep = keep.into_iter();
+    records.retain(|_| keep.next().expect("one flag per record"));
 }
 
 /// How a batch's records went out.
@@ -98,6 +170,16 @@ impl Sent {
         }
     }
 
+    /// Whether [`Sent::acknowledged`] would answer without waiting: every
+    /// record reported on, or nothing to wait for (a failed send is
+    /// published again at once).
+    fn reported(&self, publisher: &Publisher) -> bool {
+        match self {
+            Sent::Ticket(t) => publisher.reported(t),
+            Sent::Nothing | Sent::Failed => true,
+        }
+    }
+
     /// Whether everything sent is acknowledged (waiting for it if need be).
     fn acknowledged(self, publisher: &Publisher) -> bool {
         match self {
@@ -115,44 +197,73 @@ impl Sent {
 }
 
 impl Pipeline {
-    /// Hands a stored batch whose outputs were sent (`batch.sent`) to the
-    /// batches in flight. [`Pipeline::advance_in_flight`] must have run
-    /// first: its stage is free then.
+    /// Adds a stored batch whose outputs were sent (`batch.sent`) to the
+    /// batches in flight, after those sent before it.
     pub(super) fn put_in_flight(&self, batch: Batch) {
         let mut f = self.in_flight.lock().expect("not poisoned");
-        debug_assert!(f.publishing.is_none(), "advance_in_flight ran first");
-        f.publishing = Some(batch);
+        f.publishing.push_back(batch);
         self.metrics.restore.set_changelog_pending(f.changelog_records());
     }
 
-    /// Moves each batch in flight one stage on: the older batch's
-    /// changelog is waited for (then its outbox forgotten, its offsets
-    /// committed), the newer batch's outputs are waited for and its
-    /// changelog sent. Afterwards the next batch's outputs may be sent.
-    /// On an error the batches stay in flight, to be finished later.
+    /// Moves the batches in flight on as far as their acknowledgements
+    /// allow without waiting, and waits for the oldest while more than
+    /// [`MAX_PUBLISHING`] batches are behind the changelog. On an error the
+    /// batches stay in flight, to be finished later.
     pub(super) fn advance_in_flight(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        let result = self.settle_logging(shutdown).and_then(|()| {
-            let Some(mut b) = self.in_flight.lock().expect("not poisoned").publishing.take() else { return Ok(()) };
-            let sent = self.send_changelog(&mut b, shutdown);
-            let mut f = self.in_flight.lock().expect("not poisoned");
-            match sent {
-                Ok(()) => f.logging = Some(b),
-                Err(_) => f.publishing = Some(b),
-            }
-            sent
-        });
+        let result = self.advance(shutdown, |publishing| publishing > MAX_PUBLISHING);
         self.note_pending();
         result
     }
 
     /// Finishes every batch in flight: outputs and changelog acknowledged,
     /// outbox forgotten, group offsets committed (idle, partitions moving,
-    /// shutting down).
+    /// timers firing, shutting down).
     pub(super) fn finish_in_flight(&mut self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        self.advance_in_flight(shutdown)?;
-        let result = self.settle_logging(shutdown);
+        let result = self.advance(shutdown, |_| true);
         self.note_pending();
         result
+    }
+
+    /// Moves the batches in flight on, oldest first: the logging group is
+    /// settled once its changelog is acknowledged; then the publishing
+    /// batches whose outputs are acknowledged become the next group and its
+    /// changelog is sent. A step whose acknowledgements are not all in yet
+    /// ends the walk, unless `wait(batches publishing)` says to wait for
+    /// them (then the oldest publishing batch is waited for, and the group
+    /// takes those acknowledged meanwhile).
+    fn advance(&self, shutdown: &AtomicBool, wait: impl Fn(usize) -> bool) -> Result<(), PipelineError> {
+        loop {
+            let mut f = self.in_flight.lock().expect("not poisoned");
+            let wait = wait(f.publishing.len());
+            if let Some(b) = &f.logging {
+                if !wait && !b.sent.reported(&self.publisher) {
+                    return Ok(());
+                }
+                drop(f);
+                self.settle_logging(shutdown)?;
+                continue;
+            }
+            // The group: the oldest batches whose outputs are reported
+            // on (at least the oldest when waiting).
+            let reported = f.publishing.iter().take_while(|b| b.sent.reported(&self.publisher)).count();
+            let take = if wait { reported.max(1) } else { reported }.min(f.publishing.len());
+            if take == 0 {
+                return Ok(());
+            }
+            let mut group: Vec<Batch> = f.publishing.drain(..take).collect();
+            drop(f);
+            let logged = self.send_changelog(&mut group, shutdown);
+            let mut f = self.in_flight.lock().expect("not poisoned");
+            match logged {
+                Ok(b) => f.logging = Some(b),
+                Err(e) => {
+                    for b in group.into_iter().rev() {
+                        f.publishing.push_front(b);
+                    }
+                    return Err(e);
+                }
+            }
+        }
     }
 
     /// Sets the pending changelog gauge from the batches in flight.
@@ -161,7 +272,7 @@ impl Pipeline {
         self.metrics.restore.set_changelog_pending(pending);
     }
 
-    /// Settles the logging batch (see [`Pipeline::settle`]), if any; on an
+    /// Settles the logging group (see [`Pipeline::settle`]), if any; on an
     /// error it stays there.
     fn settle_logging(&self, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let Some(mut b) = self.in_flight.lock().expect("not poisoned").logging.take() else { return Ok(()) };
@@ -172,25 +283,42 @@ impl Pipeline {
         settled
     }
 
-    /// Makes sure a batch's outputs are acknowledged (publishing them again
-    /// until they are), then sends its changelog records, each to its
-    /// partition, without waiting for them.
-    fn send_changelog(&self, b: &mut Batch, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        if !b.sent_acknowledged(&self.publisher) {
-            self.metrics.publish_retry();
-            self.publish_with_retry(b.outbox.iter().collect(), shutdown)?;
+    /// Makes sure the outputs of a group of batches are acknowledged
+    /// (publishing each batch's again, oldest first, until they are), then
+    /// merges them into one and sends its changelog records, each to its
+    /// partition, without waiting for them. On an error `group` holds what
+    /// is left to do, for the run loop to try again.
+    fn send_changelog(&self, group: &mut Vec<Batch>, shutdown: &AtomicBool) -> Result<Batch, PipelineError> {
+        for b in group.iter_mut() {
+            if !b.sent_acknowledged(&self.publisher) {
+                self.metrics.publish_retry();
+                self.publish_with_retry(b.outbox.iter().collect(), shutdown)?;
+            }
+            b.sent = Sent::Nothing;
         }
-        b.sent = Sent::Nothing;
+        let batches = group.len();
+        let mut drained = group.drain(..);
+        let mut b = drained.next().expect("a group holds at least one batch");
+        drained.for_each(|next| b.absorb(next));
         faults::point("pipeline::after_publish");
-        self.keep_owned(&mut b.changelog)?;
-        if faults::fires(faults::CHANGELOG_CRASH_POINTS[0]) {
-            // All but the offsets records (the last of each partition).
-            let cut = b.changelog.iter().filter(|r| !changelog::is_offsets(r)).collect();
-            self.publish_with_retry(cut, shutdown)?;
-            faults::crash(faults::CHANGELOG_CRASH_POINTS[0]);
+        let ready = self.keep_owned(&mut b.changelog).and_then(|()| {
+            if batches > 1 {
+                merge_changelogs(&mut b.changelog);
+            }
+            if faults::fires(faults::CHANGELOG_CRASH_POINTS[0]) {
+                // All but the offsets records (the last of each partition).
+                let cut = b.changelog.iter().filter(|r| !changelog::is_offsets(r)).collect();
+                self.publish_with_retry(cut, shutdown)?;
+                faults::crash(faults::CHANGELOG_CRASH_POINTS[0]);
+            }
+            Ok(())
+        });
+        if let Err(e) = ready {
+            group.push(b);
+            return Err(e);
         }
         b.sent = Sent::send(&self.publisher, &b.changelog, changelog_partition, "changelog");
-        Ok(())
+        Ok(b)
     }
 
     /// Waits until a batch's changelog records are acknowledged (publishing
@@ -265,10 +393,10 @@ impl Pipeline {
     }
 }
 
-/// What the revoke hook does: settles the logging batch, then waits for
-/// the publishing batch's outputs, publishes its changelog and settles it,
-/// each with one attempt. Returns the offsets of the batches settled; a
-/// batch not settled stays in `f`.
+/// What the revoke hook does: settles the logging group, then, oldest
+/// first, waits for each publishing batch's outputs, publishes its
+/// changelog and settles it, each with one attempt. Returns the offsets of
+/// the batches settled; the batches not settled stay in `f`.
 fn finish_before_release(
     f: &mut InFlight,
     publisher: &Publisher,
@@ -285,9 +413,9 @@ fn finish_before_release(
             }
         }
     }
-    if let Some(mut b) = f.publishing.take() {
+    while let Some(mut b) = f.publishing.pop_front() {
         if !b.sent_acknowledged(publisher) {
-            f.publishing = Some(b);
+            f.publishing.push_front(b);
             return finished;
         }
         // Every partition is still owned here: the changelog goes out
@@ -296,7 +424,10 @@ fn finish_before_release(
         match settle_once(publisher, store, metrics, b) {
             // A later batch's offsets are past an earlier one's.
             Ok(touched) => finished.extend(touched),
-            Err(b) => f.logging = Some(b),
+            Err(b) => {
+                f.logging = Some(b);
+                return finished;
+            }
         }
     }
     finished
@@ -335,4 +466,63 @@ fn settle_once(
         return Err(b);
     }
     Ok(b.touched)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(key: &str, value: &str) -> OutboxRecord {
+        OutboxRecord {
+            topic: "ops.state".into(),
+            key: Some(key.as_bytes().to_vec()),
+            value: Some(value.as_bytes().to_vec()),
+            headers: Vec::new(),
+        }
+    }
+
+    fn batch(seqs: Range<u64>, changelog: Vec<OutboxRecord>, touched: &[(i32, i64)]) -> Batch {
+        Batch {
+            sent: Sent::Nothing,
+            outbox: vec![record("entity", "verdict")],
+            changelog,
+            seqs,
+            touched: touched.iter().copied().collect(),
+        }
+    }
+
+    /// Two batches' changelogs merged keep each key's last record, in the
+    /// order of those last records: the state a restore or compaction
+    /// keeps is the same, and the offsets record stays last.
+    #[test]
+    fn merged_changelogs_keep_each_keys_last_record_in_order() {
+        let mut records = vec![
+            record("a", "a1"),
+            record("b", "b1"),
+            record("offsets", "10"),
+            record("a", "a2"),
+            record("c", "c2"),
+            record("offsets", "20"),
+        ];
+        merge_changelogs(&mut records);
+        let kept: Vec<&[u8]> = records.iter().map(|r| r.value.as_deref().unwrap()).collect();
+        assert_eq!(kept, [&b"b1"[..], b"a2", b"c2", b"20"]);
+    }
+
+    /// A group takes the next batch's changelog after its own, its outbox
+    /// entries (a batch without outputs has the empty range at 0) and its
+    /// offsets; the acknowledged outputs are let go.
+    #[test]
+    fn a_group_absorbs_the_next_batch() {
+        let mut g = batch(0..0, vec![record("a", "a1")], &[(0, 10)]);
+        g.absorb(batch(5..7, vec![record("b", "b1")], &[(0, 20), (1, 5)]));
+        assert_eq!(g.seqs, 5..7);
+        g.absorb(batch(0..0, Vec::new(), &[(1, 8)]));
+        assert_eq!(g.seqs, 5..7);
+        g.absorb(batch(7..9, vec![record("a", "a2")], &[(2, 3)]));
+        assert_eq!(g.seqs, 5..9);
+        assert!(g.outbox.is_empty());
+        assert_eq!(g.changelog.len(), 3);
+        assert_eq!(g.touched, [(0, 20), (1, 8), (2, 3)].into_iter().collect());
+    }
 }

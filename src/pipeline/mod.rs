@@ -1,10 +1,10 @@
 //! The run loop: consume a batch → decode → core (in lanes of whole
 //! partitions, on `[consumer] apply_threads` threads) → one atomic store
-//! write per lane (state, timers, offsets, outbox) → send the outbox →
-//! consume and apply the next batch while the broker acknowledges → send
-//! the changelog → forget the acknowledged outbox. A batch's outputs are
-//! acknowledged before the next batch's are sent, so outputs keep the input
-//! order.
+//! write per lane (state, timers, offsets, outbox) → send the outputs →
+//! consume and apply the next batches while the broker acknowledges → send
+//! the changelog → forget the acknowledged outbox. Outputs are sent as soon
+//! as their batch is stored; the idempotent producer keeps them in the
+//! input order (see [`in_flight`]).
 //!
 //! The pipeline decides; the Kafka adapter reports facts. Where it is:
 //! - [`apply`]: a batch's own work (decode, core, timeline, metrics), no Kafka;
@@ -592,28 +592,31 @@ impl Pipeline {
         faults::point("pipeline::after_store");
         let stored = started.elapsed();
         self.stored(&touched, deadlines);
-        // The previous batch's outputs were being acknowledged while this
-        // one was applied; they go first, so outputs keep the input order.
-        self.advance_in_flight(shutdown)?;
-        let acked = started.elapsed();
+        // Sent at once: the idempotent producer keeps them behind the
+        // earlier batches' (see [`in_flight`]).
         let (outbox, changelog) = self.split_changelog(batch.into_outbox());
         let sent = if self.discard_outputs { in_flight::Sent::Nothing } else { self.send_outputs(&outbox) };
+        let (outputs, next_offsets) = (outbox.len(), tracing::enabled!(tracing::Level::DEBUG).then(|| touched.clone()));
+        self.put_in_flight(in_flight::Batch { sent, outbox, changelog, seqs, touched });
+        let sent = started.elapsed();
+        // The earlier batches move on as far as their acknowledgements
+        // allow; the loop waits only when too many are in flight.
+        self.advance_in_flight(shutdown)?;
         self.stats.batches += 1;
         let cycle = started.elapsed();
         self.metrics.batch(records.len(), cycle);
-        self.batch_limit.waited(acked - stored, cycle);
+        self.batch_limit.waited(cycle - sent, cycle);
         debug!(
             records = records.len(),
-            outputs = outbox.len(),
+            outputs,
             apply_us = applied.as_micros() as u64,
             store_us = (stored - applied).as_micros() as u64,
-            previous_ack_us = (acked - stored).as_micros() as u64,
+            in_flight_us = (cycle - sent).as_micros() as u64,
             total_us = cycle.as_micros() as u64,
             oldest_record_ms = ?waited_ms,
-            next_offsets = ?touched,
+            next_offsets = ?next_offsets.unwrap_or_default(),
             "Batch committed"
         );
-        self.put_in_flight(in_flight::Batch { sent, outbox, changelog, seqs, touched });
         Ok(())
     }
 
