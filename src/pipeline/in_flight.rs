@@ -246,7 +246,8 @@ impl Pipeline {
             // The group: the oldest batches whose outputs are reported
             // on (at least the oldest when waiting).
             let reported = f.publishing.iter().take_while(|b| b.sent.reported(&self.publisher)).count();
-            let take = if wait { reported.max(1) } else { reported }.min(f.publishing.len());
+            let take = if wait { reported.max(1) } else { reported };
+            let take = take.min(f.publishing.len());
             if take == 0 {
                 return Ok(());
             }
