@@ -33,12 +33,14 @@
 //! shutting down).
 //!
 //! A failed acknowledgement purges the producer (see
-//! [`Publisher::wait`]): the later batches' records still queued are
-//! reported failed too, and each batch is published again, oldest first,
-//! before its changelog goes out. Under a failure a reader may therefore
-//! see a later batch's outputs before an earlier batch's copies published
-//! again (before this step the earlier batch went out again first). Each
-//! copy is byte-identical with the same id, as after a crash.
+//! [`Publisher::wait`]), so the later batches' records still queued fail
+//! too. That batch and every later one in flight are then published again,
+//! oldest first, before their changelog goes out. Under a failure a reader
+//! may therefore see a later batch's outputs before an earlier batch's
+//! copies (before this step the earlier batch went out again first), and
+//! then the later batch's copies after them: each key's last output is
+//! still its newest. Each copy is byte-identical with the same id, as
+//! after a crash.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
@@ -284,18 +286,40 @@ impl Pipeline {
         settled
     }
 
-    /// Makes sure the outputs of a group of batches are acknowledged
-    /// (publishing each batch's again, oldest first, until they are), then
+    /// Makes sure the outputs of a group of batches are acknowledged, then
     /// merges them into one and sends its changelog records, each to its
-    /// partition, without waiting for them. On an error `group` holds what
-    /// is left to do, for the run loop to try again.
+    /// partition, without waiting for them. When a batch's outputs were
+    /// not acknowledged, that batch and every later one in flight (taken
+    /// into the group) are published again, oldest first, until they are.
+    /// On an error `group` holds what is left to do, in order, for the run
+    /// loop to try again.
     fn send_changelog(&self, group: &mut Vec<Batch>, shutdown: &AtomicBool) -> Result<Batch, PipelineError> {
-        for b in group.iter_mut() {
+        let mut failed_at = None;
+        for (i, b) in group.iter_mut().enumerate() {
             if !b.sent_acknowledged(&self.publisher) {
-                self.metrics.publish_retry();
-                self.publish_with_retry(b.outbox.iter().collect(), shutdown)?;
+                failed_at = Some(i);
+                break;
             }
             b.sent = Sent::Nothing;
+        }
+        if let Some(i) = failed_at {
+            // The failure purged the producer: of every later batch in
+            // flight, some records may be on the broker and some not.
+            // They all go out again after this one, in order, so each
+            // key's last output is still its newest, and no later batch
+            // is left to be purged by this one's retry (each purge would
+            // hit the batch sent after it, one batch after another).
+            group.extend(self.in_flight.lock().expect("not poisoned").publishing.drain(..));
+            for b in &mut group[i + 1..] {
+                // Its reports are waited for (whatever they say): a
+                // ticket is finished only by its wait.
+                let _ = b.sent_acknowledged(&self.publisher);
+            }
+            for b in &mut group[i..] {
+                self.metrics.publish_retry();
+                self.publish_with_retry(b.outbox.iter().collect(), shutdown)?;
+                b.sent = Sent::Nothing;
+            }
         }
         let batches = group.len();
         let mut drained = group.drain(..);
