@@ -201,10 +201,10 @@ impl Sent {
 impl Pipeline {
     /// Adds a stored batch whose outputs were sent (`batch.sent`) to the
     /// batches in flight, after those sent before it.
+    /// [`Pipeline::advance_in_flight`] follows at once and sets the pending
+    /// changelog gauge.
     pub(super) fn put_in_flight(&self, batch: Batch) {
-        let mut f = self.in_flight.lock().expect("not poisoned");
-        f.publishing.push_back(batch);
-        self.metrics.restore.set_changelog_pending(f.changelog_records());
+        self.in_flight.lock().expect("not poisoned").publishing.push_back(batch);
     }
 
     /// Moves the batches in flight on as far as their acknowledgements

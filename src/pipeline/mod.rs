@@ -598,20 +598,20 @@ impl Pipeline {
         let sent = if self.discard_outputs { in_flight::Sent::Nothing } else { self.send_outputs(&outbox) };
         let (outputs, next_offsets) = (outbox.len(), tracing::enabled!(tracing::Level::DEBUG).then(|| touched.clone()));
         self.put_in_flight(in_flight::Batch { sent, outbox, changelog, seqs, touched });
-        let sent = started.elapsed();
+        let handed_over = started.elapsed();
         // The earlier batches move on as far as their acknowledgements
         // allow; the loop waits only when too many are in flight.
         self.advance_in_flight(shutdown)?;
         self.stats.batches += 1;
         let cycle = started.elapsed();
         self.metrics.batch(records.len(), cycle);
-        self.batch_limit.waited(cycle - sent, cycle);
+        self.batch_limit.waited(cycle - handed_over, cycle);
         debug!(
             records = records.len(),
             outputs,
             apply_us = applied.as_micros() as u64,
             store_us = (stored - applied).as_micros() as u64,
-            in_flight_us = (cycle - sent).as_micros() as u64,
+            in_flight_us = (cycle - handed_over).as_micros() as u64,
             total_us = cycle.as_micros() as u64,
             oldest_record_ms = ?waited_ms,
             next_offsets = ?next_offsets.unwrap_or_default(),
