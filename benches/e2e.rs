@@ -52,7 +52,7 @@ use reconciler::loadgen::{self, EventTime, Generator, Options, Workload};
 
 #[path = "support/proc_stats.rs"]
 mod proc_stats;
-use proc_stats::{clock_ticks, sample, ProcSample, ThreadCpu};
+use proc_stats::{broker_pid, clock_ticks, sample, Busy, ProcSample, ThreadCpu};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -504,8 +504,9 @@ fn percentile(v: &[i64], p: f64) -> i64 {
 /// its arrival (loadgen's producer, the broker, the fetch), nothing else
 /// running. What the pipeline adds is the difference. (Run beside the
 /// pipeline, a second consumer of the input slowed the pipeline's batches
-/// several times over on two cores.) Returns the sorted latencies.
-fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> Vec<i64> {
+/// several times over on two cores.) Returns the sorted latencies, and the
+/// cores the broker and the harness kept busy while they were published.
+fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> (Vec<i64>, String) {
     let mut cfg = cfg.clone();
     cfg.topics.events = format!("{}.floor", cfg.topics.events);
     admin::ensure_topics(&cfg.kafka, &[cfg.topics.events.as_str()], partitions, 1).unwrap();
@@ -525,12 +526,17 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> Vec<i64> {
     args.seed = 4;
     let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
+    let busy = Busy::start(&others(&cfg), clock_ticks());
     let (publisher, done) = publish_paced(cfg, opts);
+    let mut busy_report = None;
     use rdkafka::Message;
     let codec = Codec::new();
     let mut lat = Vec::new();
     let mut last = Instant::now();
     while !done.load(Ordering::SeqCst) || last.elapsed() < Duration::from_secs(3) {
+        if done.load(Ordering::SeqCst) && busy_report.is_none() {
+            busy_report = Some(busy.report());
+        }
         let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
         let now = reconciler::clock::now_ms();
         last = Instant::now();
@@ -542,7 +548,16 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> Vec<i64> {
     }
     publisher.join().unwrap();
     lat.sort_unstable();
-    lat
+    (lat, busy_report.unwrap_or_else(|| busy.report()))
+}
+
+/// The broker (when `scripts/broker.sh` started it) and this harness, by
+/// pid: what shares the cores with the pipeline.
+fn others(cfg: &Config) -> Vec<(&'static str, u32)> {
+    let brokers = cfg.kafka.get("bootstrap.servers").map_or("", String::as_str);
+    let mut procs: Vec<(&'static str, u32)> = broker_pid(brokers).map(|pid| ("broker", pid)).into_iter().collect();
+    procs.push(("harness", std::process::id()));
+    procs
 }
 
 /// Runs the latency step; returns p50 and p99 event→verdict in ms.
@@ -567,7 +582,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     };
     let per_unit = loadgen::records_per_unit(&args.options(&cfg, 0).unwrap());
     let operations = (rate * secs as f64 / per_unit) as u64;
-    let floor = input_floor(&cfg, partitions, Workload { operations, ..args.clone() });
+    let (floor, floor_busy) = input_floor(&cfg, partitions, Workload { operations, ..args.clone() });
     let mut child = spawn_logged(&file, &["run"], &log);
     // Warm-up: the pipeline has joined its group once these are judged.
     let warm = args.options(&cfg, reconciler::clock::now_ms()).unwrap();
@@ -585,6 +600,10 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     // latency.
     let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
+    let mut procs = others(&cfg);
+    procs.insert(1, ("pipeline", child.id()));
+    let busy = Busy::start(&procs, clock_ticks());
+    let mut busy_report = None;
     let (publisher, done) = publish_paced(cfg.clone(), opts);
     let codec = Codec::new();
     // (when produced, latency) of each verdict.
@@ -612,6 +631,8 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
             proc = s;
         }
         if done.load(Ordering::SeqCst) {
+            // Over the paced window, not the quiet seconds after it.
+            busy_report.get_or_insert_with(|| busy.report());
             let q = *quiet_since.get_or_insert_with(Instant::now);
             if q.elapsed() > Duration::from_secs(3) {
                 break;
@@ -648,6 +669,10 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
         lat.last().copied().unwrap_or(-1),
         lat.len(),
         proc.peak_rss_mb
+    );
+    println!(
+        "latency:     busy while published: input path alone {floor_busy}; pipeline step {}",
+        busy_report.unwrap_or_else(|| busy.report())
     );
     println!("latency:     the pipeline's log: {}", log.display());
     // Its state directory (about 0.5 GB), like the main run's.

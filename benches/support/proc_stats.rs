@@ -41,6 +41,50 @@ pub fn sample(pid: u32, ticks: f64) -> Option<ProcSample> {
     Some(ProcSample { cpu_s: cpu, peak_rss_mb: kb / 1024.0 })
 }
 
+/// Cores kept busy by some processes over a span: the CPU seconds each
+/// used from [`Busy::start`] to [`Busy::report`], over the span's wall
+/// time. The latency steps run the broker, the pipeline and the harness
+/// on the same cores; a tail that grows with the cores they leave idle
+/// shrinking is the machine's, not the pipeline's alone.
+pub struct Busy {
+    started: std::time::Instant,
+    /// (name, pid, CPU seconds at the start).
+    procs: Vec<(&'static str, u32, f64)>,
+    ticks: f64,
+}
+
+impl Busy {
+    /// Starts the span for `procs` (name, pid); a process whose /proc
+    /// cannot be read is left out.
+    pub fn start(procs: &[(&'static str, u32)], ticks: f64) -> Busy {
+        let procs = procs.iter().filter_map(|(n, pid)| Some((*n, *pid, sample(*pid, ticks)?.cpu_s))).collect();
+        Busy { started: std::time::Instant::now(), procs, ticks }
+    }
+
+    /// "broker 0.83, pipeline 0.61, harness 0.40 cores (of 2)" since the
+    /// start.
+    pub fn report(&self) -> String {
+        let wall = self.started.elapsed().as_secs_f64().max(1e-3);
+        let each: Vec<String> = self
+            .procs
+            .iter()
+            .filter_map(|(n, pid, cpu0)| Some(format!("{n} {:.2}", (sample(*pid, self.ticks)?.cpu_s - cpu0) / wall)))
+            .collect();
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        format!("{} cores (of {cores})", each.join(", "))
+    }
+}
+
+/// The pid of the broker `scripts/broker.sh` started on the port of
+/// `brokers` (from its pid file), if it did.
+pub fn broker_pid(brokers: &str) -> Option<u32> {
+    let port = brokers.split(',').next()?.rsplit(':').next()?;
+    let dir = std::env::var("RECONCILER_RUN_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".run"));
+    std::fs::read_to_string(dir.join(format!("broker-{port}.pid"))).ok()?.trim().parse().ok()
+}
+
 /// What a thread of the reconciler does, from its name (threads that
 /// nobody named inherit the process's, hence the main-thread check).
 fn thread_group(pid: u32, tid: u32, comm: &str) -> &'static str {
