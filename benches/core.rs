@@ -157,7 +157,7 @@ fn store_commit(c: &mut Criterion) {
                     batch.put_op(0, op.operation_id.clone(), Some(op.clone()), Default::default());
                 }
                 for (id, e) in &engine.entities {
-                    batch.put_entity(0, id.clone(), Some(e.clone()), reconciler::store::Held::default());
+                    batch.put_entity(0, id.clone(), Some(e.clone()));
                 }
                 batch.set_offset(0, evs.len() as i64);
                 for r in &outbox {

@@ -50,7 +50,7 @@ fn bench(c: &mut Criterion) {
             batch.put_op(0, id.clone(), op.clone(), heads.remove(id).unwrap_or_default());
         }
         for (id, e) in &entities {
-            batch.put_entity(0, id.clone(), Some(e.clone()), reconciler::store::Held::default());
+            batch.put_entity(0, id.clone(), Some(e.clone()));
         }
         batch.set_offset(0, evs.len() as i64);
     };

@@ -31,7 +31,7 @@ use crate::records::{authenticity, dead_letter, decode_record, output_record};
 use crate::signature::ControlKeys;
 use crate::store::changelog::Target;
 use crate::store::timeline::{self, Arrival};
-use crate::store::{Batch, Encoded, Held, Store, TimelineHead};
+use crate::store::{Batch, Encoded, Store, TimelineHead};
 
 /// What a batch needs besides its records; borrowed from the pipeline.
 pub struct Applier<'a> {
@@ -178,7 +178,7 @@ impl<'a> Applier<'a> {
         records: &[&Record],
         next: &BTreeMap<i32, i64>,
         ops: &mut Slots<OpSlot>,
-        entities: &mut Slots<(EntityState, Held)>,
+        entities: &mut Slots<EntityState>,
     ) -> Result<Vec<Option<Result<Event, DecodeError>>>, PipelineError> {
         let mut expected = next.clone();
         let decoded: Vec<_> = records
@@ -332,7 +332,7 @@ impl<'a> Applier<'a> {
         stats: &mut Stats,
     ) -> Result<Applied, PipelineError> {
         let mut ops: Slots<OpSlot> = Slots::default();
-        let mut entities: Slots<(EntityState, Held)> = Slots::default();
+        let mut entities: Slots<EntityState> = Slots::default();
         let records: Vec<&Record> = records.collect();
         let decoded = self.decode_and_load(&records, next, &mut ops, &mut entities)?;
         let mut batch = Batch::with_capacity(records.len());
@@ -372,7 +372,7 @@ impl<'a> Applier<'a> {
             let p = r.partition;
             let op = self.slot(&mut ops, p, &ev.operation_id)?;
             let slot = &mut op.state;
-            let (entity, _) =
+            let entity =
                 slot_or_load(&mut entities, p, &ev.entity_id, || Ok(self.store.get_entity(p, &ev.entity_id)?))?;
             let pos = SourcePos { partition: p, offset: r.offset };
             let arrival = Arrival::of(&ev, pos, self.policy);
@@ -411,9 +411,9 @@ impl<'a> Applier<'a> {
             batch.move_timer(p, &op_id, op.timer_before, op.state.as_ref());
             batch.put_op(p, op_id, op.state, op.timeline);
         }
-        for ((p, id), (e, held)) in entities {
+        for ((p, id), e) in entities {
             // Its facts go with its last operation (bounded state).
-            batch.put_entity(p, id, (!e.is_unused()).then_some(e), held);
+            batch.put_entity(p, id, (!e.is_unused()).then_some(e));
         }
         for (p, n) in &applied.touched {
             batch.set_offset(*p, *n);

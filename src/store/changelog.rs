@@ -223,13 +223,13 @@ pub(crate) fn change<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Batch, Held};
+    use crate::store::Batch;
 
     #[test]
     fn every_write_becomes_one_record_and_reads_back_as_that_write() {
         let mut b = Batch::default();
-        b.put_entity(2, "e-1".into(), Some(Default::default()), Held::default());
-        b.put_entity(2, "e-2".into(), None, Held::of(Some(&[0])));
+        b.put_entity(2, "e-1".into(), Some(Default::default()));
+        b.put_entity(2, "e-2".into(), None);
         b.set_offset(2, 41);
         let encoded = b.encode(Some(Target { topic: "s", input: "in" }));
         let recs = &encoded.parts[0].outbox;

@@ -378,19 +378,6 @@ impl Part {
         self.writes.push(Write::Put { family, key, value });
     }
 
-    /// [`Part::put`], unless `value` serializes to `held`, the key's value
-    /// before the batch (see [`super::Held`]).
-    fn put_changed<T: Serialize + ?Sized>(&mut self, family: Family, key: &[u8], value: &T, held: Option<&[u8]>) {
-        let start = self.bytes.len();
-        let key = self.push(key);
-        let value = self.push_value(value);
-        if held == Some(&self.bytes[value.clone()]) {
-            self.bytes.truncate(start);
-            return;
-        }
-        self.writes.push(Write::Put { family, key, value });
-    }
-
     /// A put of a value already in bytes.
     fn put_bytes(&mut self, family: Family, key: &[u8], value: &[u8]) {
         let key = self.push(key);
@@ -462,12 +449,10 @@ impl Batch {
                 }
             }
         }
-        for (key, (_, _, state, held)) in by_key(self.entities.iter().map(|e| (keys::scoped(e.0, &e.1), e))) {
-            match (state, held.bytes()) {
-                (Some(state), held) => part.put_changed(Family::Entities, &key, state, held),
-                // Nothing to delete.
-                (None, None) => {}
-                (None, Some(_)) => part.delete(Family::Entities, &key),
+        for (key, (_, _, state)) in by_key(self.entities.iter().map(|e| (keys::scoped(e.0, &e.1), e))) {
+            match state {
+                Some(state) => part.put(Family::Entities, &key, state),
+                None => part.delete(Family::Entities, &key),
             }
         }
         for (key, _) in by_key(self.timers_removed.iter().map(|(p, at, op)| (keys::timer(*p, *at, op), &()))) {

@@ -45,38 +45,14 @@ pub struct TimerEntry {
     pub operation_type: String,
 }
 
-/// The value a key held when a batch loaded it, given back with the key's
-/// new value: a batch writes nothing for a key it leaves as it was. Every
-/// entity a batch's records name is loaded and put back, but most records
-/// change an operation and not its entity (a start, a failed attempt),
-/// and the write of an unchanged value cost a memtable insert and a
-/// changelog record all the same: about one entity write in seven of the
-/// default workload (BENCHMARKS.md, issue 20). What the store holds is
-/// what the changelog holds (see [`changelog`]), so a value not written
-/// again is not missing from it either.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Held(Option<Box<[u8]>>);
-
-impl Held {
-    /// The value `bytes` (`None`: the key held none).
-    pub(crate) fn of(bytes: Option<&[u8]>) -> Held {
-        Held(bytes.map(Box::from))
-    }
-
-    /// The value, if the key held one.
-    pub(crate) fn bytes(&self) -> Option<&[u8]> {
-        self.0.as_deref()
-    }
-}
-
 /// Everything one consumed batch changed, written atomically.
 #[derive(Debug, Default)]
 pub struct Batch {
     /// (partition, operation, state or `None` to delete, its timeline's
     /// head: stored in its value).
     pub(crate) ops: Vec<(i32, String, Option<OperationState>, timeline::Head)>,
-    /// (partition, entity, facts or `None` to delete, the value it held).
-    pub(crate) entities: Vec<(i32, String, Option<EntityState>, Held)>,
+    /// (partition, entity, facts or `None` to delete).
+    pub(crate) entities: Vec<(i32, String, Option<EntityState>)>,
     pub(crate) timers_removed: Vec<(i32, i64, String)>,
     pub(crate) timers_added: Vec<(i32, TimerEntry)>,
     pub(crate) offsets: Vec<(i32, i64)>,
@@ -120,12 +96,9 @@ impl Batch {
         self.ops.push((partition, operation_id, state, head));
     }
 
-    /// Sets (or, with `None`, deletes) an entity's facts; `held` is what
-    /// its key held when they were loaded ([`Store::get_entities`]). Facts
-    /// that are what the key holds already are not written (see
-    /// [`Held`]).
-    pub fn put_entity(&mut self, partition: i32, entity_id: String, state: Option<EntityState>, held: Held) {
-        self.entities.push((partition, entity_id, state, held));
+    /// Sets (or, with `None`, deletes) an entity's facts.
+    pub fn put_entity(&mut self, partition: i32, entity_id: String, state: Option<EntityState>) {
+        self.entities.push((partition, entity_id, state));
     }
 
     /// Moves an operation's timer in the index: from `from` (the timer

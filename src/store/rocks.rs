@@ -14,7 +14,6 @@ use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, StoredOpWithTim
 use super::keys;
 use super::restoring::Restoring;
 use super::timeline::{Head, Timeline, TimelineEntry, TIMELINE_CAP};
-use super::Held;
 use super::{Batch, TimerEntry};
 use crate::config::StoreTuning;
 use crate::core::{EntityState, OperationState};
@@ -444,8 +443,8 @@ impl Store {
 
     /// [`Store::get_entity`] of each `(partition, entity_id)`, in one
     /// batched read (see [`Store::load_ops`]).
-    pub fn get_entities(&self, ids: &[(i32, &str)]) -> Result<Vec<(EntityState, Held)>, StoreError> {
-        self.multi_get(ENTITIES, ids, |_, v| Ok((entity_or_empty(v)?, Held::of(v))))
+    pub fn get_entities(&self, ids: &[(i32, &str)]) -> Result<Vec<EntityState>, StoreError> {
+        self.multi_get(ENTITIES, ids, |_, v| entity_or_empty(v))
     }
 
     /// The values of `ids`' keys in `family` (`None`: absent), each
@@ -470,11 +469,9 @@ impl Store {
         Ok(out)
     }
 
-    /// An entity's facts in `partition` (empty when it has none), and the
-    /// value its key holds (see [`Held`]).
-    pub fn get_entity(&self, partition: i32, entity_id: &str) -> Result<(EntityState, Held), StoreError> {
-        let v = self.db.get_pinned_cf(self.cf(ENTITIES), keys::scoped(partition, entity_id))?;
-        Ok((entity_or_empty(v.as_deref())?, Held::of(v.as_deref())))
+    /// An entity's facts in `partition` (empty when it has none).
+    pub fn get_entity(&self, partition: i32, entity_id: &str) -> Result<EntityState, StoreError> {
+        entity_or_empty(self.db.get_pinned_cf(self.cf(ENTITIES), keys::scoped(partition, entity_id))?.as_deref())
     }
 
     /// The next offset to consume in `partition`, if any was applied.

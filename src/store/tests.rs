@@ -46,8 +46,8 @@ fn the_outbox_keeps_the_outputs_and_one_changelog_record_per_partition() {
     let mut b = Batch::default();
     b.publish(record(1));
     for p in [1, 2] {
-        b.put_entity(p, format!("e-{p}"), Some(Default::default()), Held::default());
-        b.put_entity(p, format!("f-{p}"), Some(Default::default()), Held::default());
+        b.put_entity(p, format!("e-{p}"), Some(Default::default()));
+        b.put_entity(p, format!("f-{p}"), Some(Default::default()));
         b.set_offset(p, 10 * i64::from(p));
     }
     let encoded = b.encode(Some(changelog::Target { topic: "t.state", input: "t.events" }));
@@ -228,7 +228,7 @@ fn batched_reads_agree_with_reads_one_key_at_a_time() {
         batch.put_op(p, id.into(), Some(state), TimelineHead::of_total(p as u64 + 2));
     }
     let entity = EntityState { confirmed_version: Some(4), operations: 2, ..EntityState::default() };
-    batch.put_entity(0, "ent-1".into(), Some(entity.clone()), Held::default());
+    batch.put_entity(0, "ent-1".into(), Some(entity.clone()));
     store.commit(batch).unwrap();
     let ids = [(0, "op-3"), (1, "op-1"), (1, "op-2"), (0, "op-1"), (5, "none")];
     let one_by_one: Vec<_> = ids.iter().map(|(p, id)| store.load_op(*p, id).unwrap()).collect();
@@ -239,59 +239,10 @@ fn batched_reads_agree_with_reads_one_key_at_a_time() {
     let one_by_one: Vec<_> = sorted.iter().map(|(p, id)| store.load_op(*p, id).unwrap()).collect();
     assert_eq!(store.load_ops(&sorted).unwrap(), one_by_one, "in key order");
     let entities = store.get_entities(&[(1, "ent-1"), (0, "ent-1")]).unwrap();
-    assert_eq!(entities, vec![store.get_entity(1, "ent-1").unwrap(), store.get_entity(0, "ent-1").unwrap()]);
-    assert_eq!(entities[0], (EntityState::default(), Held::default()), "no facts, no value held");
-    assert_eq!(entities[1].0, entity);
-    assert!(entities[1].1.bytes().is_some(), "the value held");
+    assert_eq!(entities, vec![EntityState::default(), entity]);
     store.db.put_cf(store.cf("ops"), keys::scoped(2, "op-1"), b"\xff\xff").unwrap();
     let err = store.load_ops(&[(0, "op-1"), (2, "op-1")]).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { what: "operation", .. }), "{err}");
-}
-
-/// An entity put back as it was loaded writes nothing: no store write and
-/// no changelog record. A change is written, and so is the removal of
-/// facts the key held; the removal of facts it never held is not.
-#[test]
-fn an_entity_put_back_unchanged_writes_nothing() {
-    let dir = temp("store-entity-unchanged");
-    let store = Store::open(&dir.0, "t.events", false).unwrap();
-    let to = Some(changelog::Target { topic: "t.state", input: "t.events" });
-    let facts = EntityState { confirmed_version: Some(3), operations: 1, ..EntityState::default() };
-    let mut b = Batch::default();
-    b.put_entity(0, "kept".into(), Some(facts.clone()), Held::default());
-    b.put_entity(0, "gone".into(), Some(facts.clone()), Held::default());
-    store.commit(b).unwrap();
-    // The changelog records of one batch's entity writes, as `(key, value)`.
-    let entity_records = |b: Batch| -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-        let encoded = b.encode(to);
-        let part = &encoded.parts[0];
-        let recs = part.outbox[part.changelog_from..].iter();
-        let entities: Vec<_> = recs.filter(|r| r.key.as_deref().unwrap()[1] == b'e').cloned().collect();
-        store.write_encoded(&encoded).unwrap();
-        entities.into_iter().map(|r| (r.key.unwrap(), r.value)).collect()
-    };
-
-    let (kept, held) = store.get_entity(0, "kept").unwrap();
-    let (gone, gone_held) = store.get_entity(0, "gone").unwrap();
-    let mut b = Batch::default();
-    b.put_entity(0, "kept".into(), Some(kept.clone()), held.clone());
-    b.put_entity(0, "gone".into(), None, gone_held);
-    b.put_entity(0, "never".into(), None, Held::default());
-    b.set_offset(0, 5);
-    let written = entity_records(b);
-    assert_eq!(written.len(), 1, "only the removal of a held value: {written:?}");
-    assert!(written[0].0.ends_with(b"gone") && written[0].1.is_none(), "a tombstone");
-    assert_eq!(store.get_entity(0, "kept").unwrap(), (kept.clone(), held.clone()), "still there");
-    assert_eq!(store.get_entity(0, "gone").unwrap(), (EntityState::default(), Held::default()));
-    assert_eq!(gone, facts);
-
-    let changed = EntityState { confirmed_version: Some(4), ..kept };
-    let mut b = Batch::default();
-    b.put_entity(0, "kept".into(), Some(changed.clone()), held);
-    let written = entity_records(b);
-    assert_eq!(written.len(), 1);
-    assert_eq!(store.get_entity(0, "kept").unwrap().0, changed);
-    assert_eq!(store.get_entity(0, "kept").unwrap().1.bytes(), written[0].1.as_deref(), "the record holds the value");
 }
 
 /// An operation's latest entries live in its value; only those before them

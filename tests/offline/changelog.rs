@@ -172,7 +172,7 @@ fn a_changelog_restores_the_state_its_batches_wrote_also_compacted_and_over_stal
     assert!(compacted.len() < log.len() / 2, "compaction keeps {} of {}", compacted.len(), log.len());
     let (c, _dc) = open("stale");
     let mut stale = Batch::default();
-    stale.put_entity(0, "left-over".into(), Some(Default::default()), reconciler::store::Held::default());
+    stale.put_entity(0, "left-over".into(), Some(Default::default()));
     stale.set_offset(0, 1 << 40);
     c.commit(stale).unwrap();
     assert_eq!(restore(&c, &compacted), offsets);

@@ -218,7 +218,7 @@ pub fn check(cfg: &Config, input: &[Record], outputs: &[Record], state_dirs: &[&
             assert_eq!(&got, want, "I3: state of {id} differs from the uninterrupted reference");
         }
         for (id, want) in &engine.entities {
-            assert_eq!(&owner.get_entity(*p, id).unwrap().0, want, "I3: entity {id} of partition {p}");
+            assert_eq!(&owner.get_entity(*p, id).unwrap(), want, "I3: entity {id} of partition {p}");
         }
     }
     f
