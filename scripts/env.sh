@@ -7,3 +7,17 @@
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_BUILD_BUILD_DIR=${CARGO_BUILD_BUILD_DIR:-$HOME/.cache/reconciler/target}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}
+# Cargo keys this crate's build units by package, not by path, and judges
+# them fresh by modification times: after another clone built in the shared
+# directory, a clone whose sources are older than that build would be handed
+# the other clone's library, binary and tests without a sign (seen: a test
+# compiled against another clone's `reconciler`). So the directory notes the
+# clone whose scripts built there last, and another clone makes its sources
+# newer than that build first (a fresh clone's are anyway).
+_clone=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ "$(cat "$CARGO_BUILD_BUILD_DIR/.last-clone" 2>/dev/null)" != "$_clone" ]; then
+  touch "$_clone/src/lib.rs"
+  mkdir -p "$CARGO_BUILD_BUILD_DIR"
+  echo "$_clone" >"$CARGO_BUILD_BUILD_DIR/.last-clone"
+fi
+unset _clone
