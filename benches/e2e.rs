@@ -526,7 +526,7 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> (Vec<i64>, 
     args.seed = 4;
     let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
-    let busy = Busy::start(&others(&cfg), clock_ticks());
+    let busy = Busy::start(&sharing_cores(&cfg, None), clock_ticks());
     let (publisher, done) = publish_paced(cfg, opts);
     let mut busy_report = None;
     use rdkafka::Message;
@@ -534,8 +534,8 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> (Vec<i64>, 
     let mut lat = Vec::new();
     let mut last = Instant::now();
     while !done.load(Ordering::SeqCst) || last.elapsed() < Duration::from_secs(3) {
-        if done.load(Ordering::SeqCst) && busy_report.is_none() {
-            busy_report = Some(busy.report());
+        if done.load(Ordering::SeqCst) {
+            busy_report.get_or_insert_with(|| busy.report());
         }
         let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
         let now = reconciler::clock::now_ms();
@@ -551,13 +551,13 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> (Vec<i64>, 
     (lat, busy_report.unwrap_or_else(|| busy.report()))
 }
 
-/// The broker (when `scripts/broker.sh` started it) and this harness, by
-/// pid: what shares the cores with the pipeline.
-fn others(cfg: &Config) -> Vec<(&'static str, u32)> {
+/// The broker (when `scripts/broker.sh` started it), the pipeline (when
+/// running) and this harness, by pid: what shares the cores.
+fn sharing_cores(cfg: &Config, pipeline: Option<u32>) -> Vec<(&'static str, u32)> {
     let brokers = cfg.kafka.get("bootstrap.servers").map_or("", String::as_str);
-    let mut procs: Vec<(&'static str, u32)> = broker_pid(brokers).map(|pid| ("broker", pid)).into_iter().collect();
-    procs.push(("harness", std::process::id()));
-    procs
+    let broker = broker_pid(brokers).map(|pid| ("broker", pid));
+    let pipeline = pipeline.map(|pid| ("pipeline", pid));
+    broker.into_iter().chain(pipeline).chain([("harness", std::process::id())]).collect()
 }
 
 /// Runs the latency step; returns p50 and p99 event→verdict in ms.
@@ -600,9 +600,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     // latency.
     let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
-    let mut procs = others(&cfg);
-    procs.insert(1, ("pipeline", child.id()));
-    let busy = Busy::start(&procs, clock_ticks());
+    let busy = Busy::start(&sharing_cores(&cfg, Some(child.id())), clock_ticks());
     let mut busy_report = None;
     let (publisher, done) = publish_paced(cfg.clone(), opts);
     let codec = Codec::new();

@@ -6,7 +6,8 @@
 # Override with CARGO_BUILD_BUILD_DIR and CARGO_TARGET_DIR.
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_BUILD_BUILD_DIR=${CARGO_BUILD_BUILD_DIR:-$HOME/.cache/reconciler/target}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}
+_clone=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$_clone/target}
 # Cargo keys this crate's build units by package, not by path, and judges
 # them fresh by modification times: after another clone built in the shared
 # directory, a clone whose sources are older than that build would be handed
@@ -14,7 +15,6 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")
 # compiled against another clone's `reconciler`). So the directory notes the
 # clone whose scripts built there last, and another clone makes its sources
 # newer than that build first (a fresh clone's are anyway).
-_clone=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ "$(cat "$CARGO_BUILD_BUILD_DIR/.last-clone" 2>/dev/null)" != "$_clone" ]; then
   touch "$_clone/src/lib.rs"
   mkdir -p "$CARGO_BUILD_BUILD_DIR"

@@ -250,13 +250,29 @@ fn batches_lost_after_their_changelog_went_out_and_applied_again_leave_it_agreei
     workload(&a, &cfg);
     let want = state(&a);
     for every in [2, 3, 5] {
-        let (b, _db) = open(&format!("lost-{every}"));
-        let log = workload_losing(&b, &cfg, usize::MAX, |i| i % every == every - 1);
-        assert!(state(&b) == want, "losing every {every}th batch's store write left another state");
-        let (c, _dc) = open(&format!("restored-{every}"));
-        restore(&c, &log);
-        assert!(state(&c) == want, "the changelog of a store that lost every {every}th batch restores another state");
+        lose_then_restore(&format!("lost-{every}"), &format!("every {every}th batch lost"), &want, |b| {
+            workload_losing(b, &cfg, usize::MAX, |i| i % every == every - 1)
+        });
     }
+}
+
+/// Has `losing` apply into a fresh store `name` (losing batches, see
+/// [`apply_losing`]) and restores the changelog it returns into another:
+/// both must end with `want` (`what` names the case in the messages).
+/// Returns the two stores, the one that lost batches first.
+fn lose_then_restore(
+    name: &str,
+    what: &str,
+    want: &[(String, Vec<u8>, Vec<u8>)],
+    losing: impl FnOnce(&Store) -> Vec<OutboxRecord>,
+) -> [(Store, Dir); 2] {
+    let (b, db) = open(name);
+    let log = losing(&b);
+    assert!(state(&b) == want, "{what}: the store that lost batches ends with another state");
+    let (c, dc) = open(&format!("{name}-restored"));
+    restore(&c, &log);
+    assert!(state(&c) == want, "{what}: its changelog restores another state");
+    [(b, db), (c, dc)]
 }
 
 /// The case that broke the entity skip, by hand, in batches of one record:
@@ -307,16 +323,12 @@ fn an_entity_a_lost_batch_changed_and_the_next_changed_back_is_written_again() {
     };
     let (a, _da) = open("by-hand-none-lost");
     apply_losing(&a, &cfg, events, 1, 0, |_| false);
-    let (b, _db) = open("by-hand-lost");
-    let log = apply_losing(&b, &cfg, events, 1, 0, |i| i == 1);
-    let want = state(&a);
-    assert!(state(&b) == want, "the store that lost the request's batch ends elsewhere");
-    let (c, _dc) = open("by-hand-restored");
-    restore(&c, &log);
+    let [(b, _db), (c, _dc)] = lose_then_restore("by-hand-lost", "the request's batch lost", &state(&a), |b| {
+        apply_losing(b, &cfg, events, 1, 0, |i| i == 1)
+    });
     let (restored, held) = (c.get_entity(0, "cust-1").unwrap(), b.get_entity(0, "cust-1").unwrap());
     assert!(held.open.is_empty() && held.operations == 1, "{held:?}");
     assert_eq!(restored, held, "the changelog restores the entity the store holds");
-    assert!(state(&c) == want, "the changelog restores another state");
 }
 
 /// The changelog carries no timers: whoever applies it rebuilds the timer
