@@ -109,8 +109,9 @@ pub enum StoreError {
 /// [`super::encoded::LastVerdictRef`]); its state leaves out its id and
 /// type, which its key and its summary hold. 7: a timeline entry stores a
 /// verdict's reason as its template's number and arguments (see
-/// [`super::reason`]).
-pub(super) const FORMAT: u32 = 7;
+/// [`super::reason`]). 8: a timeline entry names its own event by its
+/// revision when that event claimed it (see [`super::stored_id`]).
+pub(super) const FORMAT: u32 = 8;
 
 /// The size of a store ([`Store::size`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -160,10 +161,10 @@ fn keep_earliest(times: &mut BTreeMap<i32, i64>, partition: i32, at: i64) {
 /// A key and a value, as a write batch takes them.
 pub(super) type KeyValue = (Vec<u8>, Vec<u8>);
 
-/// A stored timeline entry, as readers see it.
-fn decode_entry(bytes: &[u8]) -> Result<TimelineEntry, StoreError> {
-    super::timeline::decode_entry(bytes)
-        .map_err(|e| StoreError::Corrupt { what: "timeline entry", reason: e.to_string() })
+/// A stored timeline entry of operation `op`, as readers see it.
+fn decode_entry(bytes: &[u8], op: &OperationState) -> Result<TimelineEntry, StoreError> {
+    super::timeline::decode_entry(bytes, &op.applied_seqs)
+        .map_err(|reason| StoreError::Corrupt { what: "timeline entry", reason })
 }
 
 fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
@@ -668,10 +669,10 @@ impl Store {
         // reads while the pipeline writes) could move entries out of the
         // value into ring slots read before it.
         let snapshot = self.db.snapshot();
-        let head = match snapshot.get_cf(self.cf(OPS), keys::scoped(partition, operation_id))? {
-            Some(b) => op_with_head(operation_id, &b)?.1,
-            None => Head::default(),
+        let Some(b) = snapshot.get_cf(self.cf(OPS), keys::scoped(partition, operation_id))? else {
+            return Ok(Timeline::default());
         };
+        let (op, head) = op_with_head(operation_id, &b)?;
         let retained = head.total.saturating_sub(TIMELINE_CAP)..head.first_inline();
         let mut entries: Vec<TimelineEntry> = Vec::new();
         if !retained.is_empty() {
@@ -682,7 +683,7 @@ impl Store {
                 if k.as_ref() >= end.as_slice() {
                     break;
                 }
-                let entry = decode_entry(&v)?;
+                let entry = decode_entry(&v, &op)?;
                 // A slot may still hold an entry the ring has moved past.
                 if retained.contains(&entry.ordinal) {
                     entries.push(entry);
@@ -691,7 +692,7 @@ impl Store {
             entries.sort_by_key(|e| e.ordinal);
         }
         for v in &head.latest {
-            entries.push(decode_entry(v)?);
+            entries.push(decode_entry(v, &op)?);
         }
         Ok(Timeline { total: head.total, entries })
     }

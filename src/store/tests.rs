@@ -28,6 +28,28 @@ fn occurrences(hay: &[u8], needle: impl AsRef<[u8]>) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
 }
 
+/// `events` of one operation applied in turn (from offset 0 of partition
+/// 0) and recorded in its timeline, as the pipeline's batch step does: its
+/// state, its timeline's head, and a batch with the entries moved out of
+/// the head.
+fn applied_and_recorded(
+    events: impl IntoIterator<Item = Event>,
+    policy: &crate::core::Policy,
+) -> (Option<OperationState>, TimelineHead, Batch) {
+    use crate::core::{Authenticity, EntityState, SourcePos};
+    let (mut slot, mut head, mut entity) = (None, TimelineHead::default(), EntityState::default());
+    let mut batch = Batch::default();
+    for (offset, ev) in events.into_iter().enumerate() {
+        let pos = SourcePos { partition: 0, offset: offset as i64 };
+        let a = timeline::Arrival::of(&ev, pos, policy);
+        let mut out = Vec::new();
+        let d =
+            crate::core::apply(policy, &mut slot, &mut entity, ev, Authenticity::Unsigned, pos, &mut out).disposition;
+        timeline::record(&mut batch, &mut head, a, d, &out, slot.as_ref());
+    }
+    (slot, head, batch)
+}
+
 fn record(n: u8) -> OutboxRecord {
     OutboxRecord {
         topic: "out".into(),
@@ -169,7 +191,7 @@ fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
     let policy = crate::core::Policy::default();
     let entry = |ordinal: u64| {
         let a = timeline::Arrival::of(&ev, crate::core::SourcePos { partition: 0, offset: ordinal as i64 }, &policy);
-        timeline::entry_value(ordinal, &a, Disposition::Applied, &[])
+        timeline::entry_value(ordinal, &a, Disposition::Applied, &[], &Default::default())
     };
     let mut batch = Batch::default();
     // Another operation's entries around it, so the batch really is sorted.
@@ -453,7 +475,7 @@ fn due_timers_from_a_point_skip_the_deleted_ones_before_it() {
 #[test]
 fn a_latest_verdict_is_stored_once_and_read_back_whole() {
     use crate::core::event::{Body, Requested};
-    use crate::core::{Authenticity, Disposition, EntityState, Policy, SourcePos};
+    use crate::core::{Disposition, Policy, SourcePos};
     let dir = temp("store-last-verdict");
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let policy = Policy::default();
@@ -471,16 +493,8 @@ fn a_latest_verdict_is_stored_once_and_read_back_whole() {
     let stored = |store: &Store| store.get_raw(encoded::Family::Ops, &keys::scoped(0, "op-1")).unwrap().unwrap();
     // The request, then its deadline: a verdict, recorded in the timeline
     // as the pipeline records it.
-    let (mut slot, mut head, mut entity) = (None, TimelineHead::default(), EntityState::default());
-    let mut batch = Batch::default();
-    for (offset, ev) in [requested, Event::deadline_reached("op-1", "ent-1", "sync", 1_010)].into_iter().enumerate() {
-        let pos = SourcePos { partition: 0, offset: offset as i64 };
-        let a = timeline::Arrival::of(&ev, pos, &policy);
-        let mut out = Vec::new();
-        let d =
-            crate::core::apply(&policy, &mut slot, &mut entity, ev, Authenticity::Unsigned, pos, &mut out).disposition;
-        timeline::record(&mut batch, &mut head, a, d, &out, slot.as_ref());
-    }
+    let events = [requested, Event::deadline_reached("op-1", "ent-1", "sync", 1_010)];
+    let (slot, mut head, mut batch) = applied_and_recorded(events, &policy);
     let state = slot.clone().unwrap();
     let v = state.last_verdict.clone().expect("the deadline decided a verdict");
     assert!(!v.reason.is_empty());
@@ -558,4 +572,75 @@ fn a_latest_verdict_is_stored_once_and_read_back_whole() {
         assert!(matches!(err, StoreError::Corrupt { what: "operation", .. }), "{err}");
         assert!(err.to_string().contains("latest verdict is not in the timeline entry"), "{err}");
     }
+}
+
+/// An entry names its own event by its revision when that event claimed
+/// it, so an applied event's id is stored once in its operation's value
+/// (in the state's record of the revision) and not at all in its entry,
+/// in the value or moved out of it; the timeline still shows each entry's
+/// own id, a redelivery's and a conflicting event's (whose entries do not
+/// name it so) too.
+#[test]
+fn an_entry_names_the_event_that_claimed_its_revision_by_the_revision() {
+    use crate::core::event::{Body, ErrorClass, Requested};
+    use crate::core::Policy;
+    let dir = temp("store-claimer");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let policy = Policy::default();
+    let ev = |id: String, seq: i64, body: Body| Event {
+        event_id: id,
+        seq: Some(seq),
+        occurred_at: 1_000 + seq,
+        producer: "svc".into(),
+        body,
+        ..Event::deadline_reached("op-1", "ent-1", "sync", 0)
+    };
+    // The request and attempts that fail, enough for the first entries to
+    // move out of the value; then the request again, and another event for
+    // its revision (both flagged, naming the request's event in their
+    // anomalies' details).
+    let request = Body::Requested(Requested { destination: "crm".into(), ..Default::default() });
+    let mut events = vec![ev("applied-event-1".into(), 1, request)];
+    for attempt in 1..=5 {
+        let seq = 2 * i64::from(attempt);
+        let failed = Body::AttemptFailed {
+            attempt,
+            error_class: ErrorClass::Transient,
+            error_code: "503".into(),
+            detail: String::new(),
+            next_attempt_at: None,
+        };
+        events.push(ev(format!("applied-event-{seq}"), seq, Body::Started { attempt, worker: "w".into() }));
+        events.push(ev(format!("applied-event-{}", seq + 1), seq + 1, failed));
+    }
+    let applied: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
+    events.push(events[0].clone());
+    let other = Body::Requested(Requested { destination: "erp".into(), ..Default::default() });
+    events.push(ev("a-conflicting-event".into(), 1, other));
+    let (slot, head, mut batch) = applied_and_recorded(events.iter().cloned(), &policy);
+    batch.put_op(0, "op-1".into(), slot, head);
+    store.commit(batch).unwrap();
+    let t = store.timeline(0, "op-1").unwrap();
+    let shown: Vec<&str> = t.entries.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(shown, events.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>());
+    let value = store.get_raw(encoded::Family::Ops, &keys::scoped(0, "op-1")).unwrap().unwrap();
+    let moved_out: Vec<Vec<u8>> = (store.db.iterator_cf(store.cf("timeline"), rocksdb::IteratorMode::Start))
+        .map(|kv| kv.unwrap().1.to_vec())
+        .collect();
+    assert_eq!(moved_out.len(), events.len() - timeline::INLINE_ENTRIES);
+    // The request's event aside, which the anomalies name.
+    for id in &applied[1..] {
+        let elsewhere: usize = moved_out.iter().map(|v| occurrences(v, id)).sum();
+        assert_eq!((occurrences(&value, id), elsewhere), (1, 0), "{id} is named once, by its revision's record");
+    }
+    // A state without the records its entries name (a damaged store): the
+    // timeline is refused, not shown with wrong ids.
+    let (state, head) = store.load_op(0, "op-1").unwrap();
+    let mut state = state.unwrap();
+    state.applied_seqs.clear();
+    let mut batch = Batch::default();
+    batch.put_op(0, "op-1".into(), Some(state), head);
+    store.commit(batch).unwrap();
+    let err = store.timeline(0, "op-1").unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { what: "timeline entry", .. }), "{err}");
 }

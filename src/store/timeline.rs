@@ -29,23 +29,28 @@
 //! Less than it shows: its body's fields rather than their one-line
 //! summary (see [`super::summary`]), a verdict's reason as its template's
 //! number and arguments (see [`super::reason`]), ids of the UUID form as
-//! their 16 bytes (see [`super::stored_id`]), and the event its anomalies
+//! their 16 bytes (see [`super::stored_id`]), its own event's id not at
+//! all when that event claimed the entry's revision (the operation's state
+//! names it in that revision's record, `OperationState::applied_seqs`;
+//! nearly every entry of the default workload), and the event its anomalies
 //! and verdicts name only when that is not its own. Reading renders the
 //! summary and fills the ids in ([`TimelineEntry`] is what readers see).
 //! The entry of the record that led to an operation's latest verdict is
 //! also where that verdict's id and reason are stored while the entry is in
 //! the operation's value ([`Head::verdict`], `encoded::LastVerdictRef`).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
 use super::append::append;
 use super::reason::{ReasonRef, Rendered};
-use super::stored_id::{IdRef, StoredId};
+use super::stored_id::{Claimer, IdRef, StoredId, StoredOwnId};
 use super::summary::Fields;
 use super::Batch;
 use crate::core::event::{Body, Event, SourcePos};
+use crate::core::operation::SeqRecord;
 use crate::core::output::ManualDecisionRecord;
 use crate::core::{Action, AnomalyKind, Disposition, OperationState, Outcome, Output, Policy, Status, Supersede};
 
@@ -240,22 +245,32 @@ impl Timeline {
 #[derive(Debug, Clone)]
 pub struct Arrival {
     partition: i32,
+    /// The event's revision of the operation record.
+    seq: Option<i64>,
     /// The operation id, the event id, then the entry's fields from
     /// `partition` to `fields` as [`StoredEntry`] reads them.
     buf: Vec<u8>,
     id_end: usize,
     event_end: usize,
+    /// Where the entry's field `event_id` is in `buf` (written instead as
+    /// [`Claimer`] when the event claimed its revision).
+    own: Range<usize>,
     manual: Option<ManualDecisionRecord>,
 }
 
-/// The fields of an entry known on arrival, in the entry's order (postcard
-/// writes a struct as its fields back to back, so these bytes are the
-/// entry's own).
-#[derive(Serialize)]
+/// The fields of an entry known on arrival, in the entry's order.
 struct ArrivalFields<'a> {
     partition: i32,
     offset: i64,
     event_id: IdRef<'a>,
+    rest: ArrivalRest<'a>,
+}
+
+/// The fields after the event id. Postcard writes a struct as its fields
+/// back to back, so the position, the id and these, each appended in turn,
+/// are the entry's own bytes.
+#[derive(Serialize)]
+struct ArrivalRest<'a> {
     seq: Option<i64>,
     occurred_at: i64,
     producer: &'a str,
@@ -302,7 +317,7 @@ struct StoredEntry<S = String> {
     ordinal: u64,
     partition: i32,
     offset: i64,
-    event_id: StoredId<S>,
+    event_id: StoredOwnId<S>,
     seq: Option<i64>,
     occurred_at: i64,
     producer: S,
@@ -334,10 +349,13 @@ struct StoredVerdict<S> {
 
 impl StoredEntry {
     /// The entry as `explain` and the API show it: the body named and its
-    /// fields rendered, the omitted event ids filled in.
-    fn into_entry(self) -> TimelineEntry {
-        let own = self.event_id.into_string();
-        TimelineEntry {
+    /// fields rendered, the omitted event ids filled in (its own from
+    /// `applied`, the operation's revision records, when it claimed its
+    /// revision); `None` when `applied` names no claimer of its revision.
+    fn into_entry(self, applied: &BTreeMap<i64, SeqRecord>) -> Option<TimelineEntry> {
+        let seq = self.seq;
+        let own = self.event_id.into_string(|| Some(applied.get(&seq?)?.event_id.clone()))?;
+        Some(TimelineEntry {
             ordinal: self.ordinal,
             partition: self.partition,
             offset: self.offset,
@@ -366,14 +384,16 @@ impl StoredEntry {
                 .collect(),
             manual: self.manual,
             event_id: own,
-        }
+        })
     }
 }
 
 /// Reads a stored timeline entry (from an operation's value or the
-/// timeline family).
-pub(super) fn decode_entry(bytes: &[u8]) -> Result<TimelineEntry, postcard::Error> {
-    postcard::from_bytes::<StoredEntry>(bytes).map(StoredEntry::into_entry)
+/// timeline family) of an operation whose revision records are `applied`;
+/// the error says why it cannot be read.
+pub(super) fn decode_entry(bytes: &[u8], applied: &BTreeMap<i64, SeqRecord>) -> Result<TimelineEntry, String> {
+    let entry = postcard::from_bytes::<StoredEntry>(bytes).map_err(|e| e.to_string())?;
+    entry.into_entry(applied).ok_or_else(|| "it names the claimer of a revision the operation has no record of".into())
 }
 
 /// The id and reason of verdict `index` of stored entry `entry`; `None`
@@ -426,10 +446,12 @@ impl Arrival {
             partition: pos.partition,
             offset: pos.offset,
             event_id: IdRef(&ev.event_id),
-            seq: ev.seq,
-            occurred_at: ev.occurred_at,
-            producer: &ev.producer,
-            fields: Fields::of(&ev.body),
+            rest: ArrivalRest {
+                seq: ev.seq,
+                occurred_at: ev.occurred_at,
+                producer: &ev.producer,
+                fields: Fields::of(&ev.body),
+            },
         };
         Arrival::with(&ev.operation_id, &fields, manual)
     }
@@ -441,23 +463,24 @@ impl Arrival {
             partition: s.pos.partition,
             offset: s.pos.offset,
             event_id: IdRef(&s.trigger_event_id),
-            seq: None,
-            occurred_at: s.at,
-            producer: "reconciler",
-            fields: Fields::superseded(s),
+            rest: ArrivalRest { seq: None, occurred_at: s.at, producer: "reconciler", fields: Fields::superseded(s) },
         };
         Arrival::with(&s.operation_id, &fields, None)
     }
 
     fn with(operation_id: &str, fields: &ArrivalFields<'_>, manual: Option<ManualDecisionRecord>) -> Arrival {
         let event_id = fields.event_id.0;
-        let mut buf = Vec::with_capacity(operation_id.len() + 2 * event_id.len() + fields.producer.len() + 64);
+        let mut buf = Vec::with_capacity(operation_id.len() + 2 * event_id.len() + fields.rest.producer.len() + 64);
         buf.extend_from_slice(operation_id.as_bytes());
         let id_end = buf.len();
         buf.extend_from_slice(event_id.as_bytes());
         let event_end = buf.len();
-        append(&mut buf, fields);
-        Arrival { partition: fields.partition, buf, id_end, event_end, manual }
+        append(&mut buf, &(fields.partition, fields.offset));
+        let own_start = buf.len();
+        append(&mut buf, &fields.event_id);
+        let own = own_start..buf.len();
+        append(&mut buf, &fields.rest);
+        Arrival { partition: fields.partition, seq: fields.rest.seq, buf, id_end, event_end, own, manual }
     }
 }
 
@@ -486,16 +509,26 @@ pub fn record(
             head.verdict = Some(VerdictAt { ordinal: head.total, index, count: op.verdict_count });
         }
     }
-    let value = entry_value(head.total, &a, disposition, outputs);
+    let value = entry_value(head.total, &a, disposition, outputs, &op.applied_seqs);
     for (ordinal, out) in head.push(value) {
         batch.add_timeline_value(a.partition, a.operation_id(), ordinal, out);
     }
 }
 
 /// The stored entry of ordinal `ordinal`: arrival `a`, its disposition
-/// and the outputs its processing produced.
-pub(crate) fn entry_value(ordinal: u64, a: &Arrival, disposition: Disposition, outputs: &[Output]) -> Vec<u8> {
+/// and the outputs its processing produced, of an operation whose revision
+/// records are (after it) `applied`.
+pub(crate) fn entry_value(
+    ordinal: u64,
+    a: &Arrival,
+    disposition: Disposition,
+    outputs: &[Output],
+    applied: &BTreeMap<i64, SeqRecord>,
+) -> Vec<u8> {
     let own = a.event_id();
+    // A record, once written, is never replaced (`detect::apply_now`), so
+    // the entry of the event it names can name it by its revision.
+    let claimed = a.seq.and_then(|s| applied.get(&s)).is_some_and(|r| r.event_id.as_bytes() == own);
     let mut anomalies = Vec::new();
     let mut verdicts = Vec::new();
     // The value's size, about: the arrival's fields, the ordinal and the
@@ -529,7 +562,13 @@ pub(crate) fn entry_value(ordinal: u64, a: &Arrival, disposition: Disposition, o
     // Its ordinal, then the fields taken on arrival, then these.
     let mut value = Vec::with_capacity(size);
     append(&mut value, &ordinal);
-    value.extend_from_slice(&a.buf[a.event_end..]);
+    value.extend_from_slice(&a.buf[a.event_end..a.own.start]);
+    if claimed {
+        append(&mut value, &Claimer);
+    } else {
+        value.extend_from_slice(&a.buf[a.own.clone()]);
+    }
+    value.extend_from_slice(&a.buf[a.own.end..]);
     append(&mut value, &decided);
     value
 }
