@@ -110,7 +110,9 @@ pub enum StoreError {
 /// type, which its key and its summary hold. 7: a timeline entry stores a
 /// verdict's reason as its template's number and arguments (see
 /// [`super::reason`]). 8: a timeline entry names its own event by its
-/// revision when that event claimed it (see [`super::stored_id`]).
+/// revision when that event claimed it (see [`super::stored_id`]), and a
+/// request's fields as the operation's request when they are those (see
+/// [`super::summary`]): the state holds both already.
 pub(super) const FORMAT: u32 = 8;
 
 /// The size of a store ([`Store::size`]).
@@ -163,8 +165,7 @@ pub(super) type KeyValue = (Vec<u8>, Vec<u8>);
 
 /// A stored timeline entry of operation `op`, as readers see it.
 fn decode_entry(bytes: &[u8], op: &OperationState) -> Result<TimelineEntry, StoreError> {
-    super::timeline::decode_entry(bytes, &op.applied_seqs)
-        .map_err(|reason| StoreError::Corrupt { what: "timeline entry", reason })
+    super::timeline::decode_entry(bytes, op).map_err(|reason| StoreError::Corrupt { what: "timeline entry", reason })
 }
 
 fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {

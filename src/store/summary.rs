@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::core::event::{Body, Decision, ErrorClass, EvidenceSource, ProbeErrorClass};
+use crate::core::operation::RequestInfo;
 use crate::core::Supersede;
 
 /// What a timeline entry shows of its event's body. `S` is `&str` when
@@ -80,6 +81,12 @@ pub(super) enum Fields<S> {
         operation_id: S,
         expected_version: Option<i64>,
     },
+    /// A `Requested` whose fields are its operation's request as the state
+    /// holds them (`OperationState::request`, set by the first request
+    /// applied and never changed after): one byte instead of the fields,
+    /// which the state already stores. Read back as [`Fields::Requested`]
+    /// ([`Fields::resolved`]).
+    OfTheRequest,
 }
 
 impl<'a> Fields<&'a str> {
@@ -118,6 +125,17 @@ impl<'a> Fields<&'a str> {
         }
     }
 
+    /// The fields of the `Requested` that set the operation's request `r`.
+    pub(super) fn of_request(r: &'a RequestInfo) -> Self {
+        Fields::Requested {
+            expected_version: r.expected_version,
+            expected_fingerprint: r.expected_fingerprint.as_deref(),
+            idempotent: r.idempotent,
+            idempotency_key: r.idempotency_key.as_deref(),
+            destination: &r.destination,
+        }
+    }
+
     /// The fields of the entry `s` gives the operation it supersedes.
     pub(super) fn superseded(s: &'a Supersede) -> Self {
         Fields::Superseded { operation_id: &s.by.operation_id, expected_version: s.by.expected_version }
@@ -128,7 +146,7 @@ impl<S: AsRef<str>> Fields<S> {
     /// The body's union branch name, as in the schema.
     pub(super) fn body(&self) -> &'static str {
         match self {
-            Fields::Requested { .. } | Fields::Superseded { .. } => "Requested",
+            Fields::Requested { .. } | Fields::Superseded { .. } | Fields::OfTheRequest => "Requested",
             Fields::Started { .. } => "Started",
             Fields::AttemptFailed { .. } => "AttemptFailed",
             Fields::OutcomeUnknown { .. } => "OutcomeUnknown",
@@ -199,9 +217,26 @@ impl<S: AsRef<str>> Fields<S> {
             Fields::Superseded { operation_id, expected_version } => {
                 write!(out, "superseded by operation {} (version {})", operation_id.as_ref(), Opt(*expected_version))
             }
+            // Read back resolved (`Fields::resolved`), so not shown so.
+            Fields::OfTheRequest => out.write_str("the operation's request"),
         };
         written.expect("writing to a string");
         out
+    }
+}
+
+impl Fields<String> {
+    /// The fields as shown: [`Fields::OfTheRequest`] becomes the fields of
+    /// the operation's request `request`; `None` when it has none (a
+    /// damaged store).
+    pub(super) fn resolved(self, request: Option<&RequestInfo>) -> Option<Fields<String>> {
+        match self {
+            Fields::OfTheRequest => {
+                let written = postcard::to_allocvec(&Fields::of_request(request?)).ok()?;
+                postcard::from_bytes(&written).ok()
+            }
+            fields => Some(fields),
+        }
     }
 }
 

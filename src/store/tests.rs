@@ -191,7 +191,7 @@ fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
     let policy = crate::core::Policy::default();
     let entry = |ordinal: u64| {
         let a = timeline::Arrival::of(&ev, crate::core::SourcePos { partition: 0, offset: ordinal as i64 }, &policy);
-        timeline::entry_value(ordinal, &a, Disposition::Applied, &[], &Default::default())
+        timeline::entry_value(ordinal, &a, Disposition::Applied, &[], &OperationState::new(&ev))
     };
     let mut batch = Batch::default();
     // Another operation's entries around it, so the batch really is sorted.
@@ -575,13 +575,14 @@ fn a_latest_verdict_is_stored_once_and_read_back_whole() {
 }
 
 /// An entry names its own event by its revision when that event claimed
-/// it, so an applied event's id is stored once in its operation's value
-/// (in the state's record of the revision) and not at all in its entry,
-/// in the value or moved out of it; the timeline still shows each entry's
-/// own id, a redelivery's and a conflicting event's (whose entries do not
-/// name it so) too.
+/// it, and a request's fields as the operation's request when they are
+/// those the state holds: so an applied event's id and the request's
+/// fields are stored once in the operation's value (in its state) and in
+/// no entry, in the value or moved out of it. The timeline still shows
+/// each entry's own id and fields, a redelivery's and a conflicting
+/// event's (whose entries hold them in full) too.
 #[test]
-fn an_entry_names_the_event_that_claimed_its_revision_by_the_revision() {
+fn an_entry_leaves_out_what_its_operations_state_holds() {
     use crate::core::event::{Body, ErrorClass, Requested};
     use crate::core::Policy;
     let dir = temp("store-claimer");
@@ -599,7 +600,7 @@ fn an_entry_names_the_event_that_claimed_its_revision_by_the_revision() {
     // move out of the value; then the request again, and another event for
     // its revision (both flagged, naming the request's event in their
     // anomalies' details).
-    let request = Body::Requested(Requested { destination: "crm".into(), ..Default::default() });
+    let request = Body::Requested(Requested { destination: "the-destination".into(), ..Default::default() });
     let mut events = vec![ev("applied-event-1".into(), 1, request)];
     for attempt in 1..=5 {
         let seq = 2 * i64::from(attempt);
@@ -615,7 +616,7 @@ fn an_entry_names_the_event_that_claimed_its_revision_by_the_revision() {
     }
     let applied: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
     events.push(events[0].clone());
-    let other = Body::Requested(Requested { destination: "erp".into(), ..Default::default() });
+    let other = Body::Requested(Requested { destination: "another-destination".into(), ..Default::default() });
     events.push(ev("a-conflicting-event".into(), 1, other));
     let (slot, head, mut batch) = applied_and_recorded(events.iter().cloned(), &policy);
     batch.put_op(0, "op-1".into(), slot, head);
@@ -623,15 +624,18 @@ fn an_entry_names_the_event_that_claimed_its_revision_by_the_revision() {
     let t = store.timeline(0, "op-1").unwrap();
     let shown: Vec<&str> = t.entries.iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(shown, events.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>());
+    let summaries: Vec<String> = events.iter().map(|e| summary::Fields::of(&e.body).render()).collect();
+    assert_eq!(t.entries.iter().map(|e| &e.summary).collect::<Vec<_>>(), summaries.iter().collect::<Vec<_>>());
+    assert!(summaries[0].ends_with("to the-destination"), "{}", summaries[0]);
     let value = store.get_raw(encoded::Family::Ops, &keys::scoped(0, "op-1")).unwrap().unwrap();
     let moved_out: Vec<Vec<u8>> = (store.db.iterator_cf(store.cf("timeline"), rocksdb::IteratorMode::Start))
         .map(|kv| kv.unwrap().1.to_vec())
         .collect();
     assert_eq!(moved_out.len(), events.len() - timeline::INLINE_ENTRIES);
     // The request's event aside, which the anomalies name.
-    for id in &applied[1..] {
+    for id in applied[1..].iter().map(String::as_str).chain(["the-destination"]) {
         let elsewhere: usize = moved_out.iter().map(|v| occurrences(v, id)).sum();
-        assert_eq!((occurrences(&value, id), elsewhere), (1, 0), "{id} is named once, by its revision's record");
+        assert_eq!((occurrences(&value, id), elsewhere), (1, 0), "{id} is stored once, in the state");
     }
     // A state without the records its entries name (a damaged store): the
     // timeline is refused, not shown with wrong ids.

@@ -32,14 +32,17 @@
 //! their 16 bytes (see [`super::stored_id`]), its own event's id not at
 //! all when that event claimed the entry's revision (the operation's state
 //! names it in that revision's record, `OperationState::applied_seqs`;
-//! nearly every entry of the default workload), and the event its anomalies
-//! and verdicts name only when that is not its own. Reading renders the
-//! summary and fills the ids in ([`TimelineEntry`] is what readers see).
+//! nearly every entry of the default workload), a request's fields not at
+//! all when they are the operation's request (which the state holds), and
+//! the event its anomalies and verdicts name only when that is not its own.
+//! Reading renders the summary and fills in what the entry left out, from
+//! the operation's state where it is there ([`TimelineEntry`] is what
+//! readers see).
 //! The entry of the record that led to an operation's latest verdict is
 //! also where that verdict's id and reason are stored while the entry is in
 //! the operation's value ([`Head::verdict`], `encoded::LastVerdictRef`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
@@ -50,7 +53,6 @@ use super::stored_id::{Claimer, IdRef, StoredId, StoredOwnId};
 use super::summary::Fields;
 use super::Batch;
 use crate::core::event::{Body, Event, SourcePos};
-use crate::core::operation::SeqRecord;
 use crate::core::output::ManualDecisionRecord;
 use crate::core::{Action, AnomalyKind, Disposition, OperationState, Outcome, Output, Policy, Status, Supersede};
 
@@ -247,6 +249,9 @@ pub struct Arrival {
     partition: i32,
     /// The event's revision of the operation record.
     seq: Option<i64>,
+    /// Whether it is a `Requested` (its entry may name its fields as the
+    /// operation's request, [`Fields::OfTheRequest`]).
+    request: bool,
     /// The operation id, the event id, then the entry's fields from
     /// `partition` to `fields` as [`StoredEntry`] reads them.
     buf: Vec<u8>,
@@ -255,22 +260,18 @@ pub struct Arrival {
     /// Where the entry's field `event_id` is in `buf` (written instead as
     /// [`Claimer`] when the event claimed its revision).
     own: Range<usize>,
+    /// Where the entry's field `fields` starts in `buf` (it ends `buf`).
+    fields_at: usize,
     manual: Option<ManualDecisionRecord>,
 }
 
 /// The fields of an entry known on arrival, in the entry's order.
+/// Postcard writes a struct as its fields back to back, so these, appended
+/// in turn, are the entry's own bytes.
 struct ArrivalFields<'a> {
     partition: i32,
     offset: i64,
     event_id: IdRef<'a>,
-    rest: ArrivalRest<'a>,
-}
-
-/// The fields after the event id. Postcard writes a struct as its fields
-/// back to back, so the position, the id and these, each appended in turn,
-/// are the entry's own bytes.
-#[derive(Serialize)]
-struct ArrivalRest<'a> {
     seq: Option<i64>,
     occurred_at: i64,
     producer: &'a str,
@@ -349,22 +350,24 @@ struct StoredVerdict<S> {
 
 impl StoredEntry {
     /// The entry as `explain` and the API show it: the body named and its
-    /// fields rendered, the omitted event ids filled in (its own from
-    /// `applied`, the operation's revision records, when it claimed its
-    /// revision); `None` when `applied` names no claimer of its revision.
-    fn into_entry(self, applied: &BTreeMap<i64, SeqRecord>) -> Option<TimelineEntry> {
+    /// fields rendered, what it leaves implicit filled in (from `op`, its
+    /// operation's state, its own event id when that claimed its revision
+    /// and its fields when they are the request's); `None` when `op` does
+    /// not hold what the entry names (a damaged store).
+    fn into_entry(self, op: &OperationState) -> Option<TimelineEntry> {
         let seq = self.seq;
-        let own = self.event_id.into_string(|| Some(applied.get(&seq?)?.event_id.clone()))?;
+        let own = self.event_id.into_string(|| Some(op.applied_seqs.get(&seq?)?.event_id.clone()))?;
+        let fields = self.fields.resolved(op.request.as_ref())?;
         Some(TimelineEntry {
             ordinal: self.ordinal,
             partition: self.partition,
             offset: self.offset,
             seq: self.seq,
-            body: self.fields.body().to_owned(),
+            body: fields.body().to_owned(),
             occurred_at: self.occurred_at,
             producer: self.producer,
             disposition: self.disposition,
-            summary: self.fields.render(),
+            summary: fields.render(),
             anomalies: (self.anomalies.into_iter())
                 .map(|a| AnomalyNote {
                     kind: a.kind,
@@ -389,11 +392,11 @@ impl StoredEntry {
 }
 
 /// Reads a stored timeline entry (from an operation's value or the
-/// timeline family) of an operation whose revision records are `applied`;
-/// the error says why it cannot be read.
-pub(super) fn decode_entry(bytes: &[u8], applied: &BTreeMap<i64, SeqRecord>) -> Result<TimelineEntry, String> {
+/// timeline family) of the operation whose state is `op`; the error says
+/// why it cannot be read.
+pub(super) fn decode_entry(bytes: &[u8], op: &OperationState) -> Result<TimelineEntry, String> {
     let entry = postcard::from_bytes::<StoredEntry>(bytes).map_err(|e| e.to_string())?;
-    entry.into_entry(applied).ok_or_else(|| "it names the claimer of a revision the operation has no record of".into())
+    entry.into_entry(op).ok_or_else(|| "it names a revision's record or a request its operation does not hold".into())
 }
 
 /// The id and reason of verdict `index` of stored entry `entry`; `None`
@@ -446,12 +449,10 @@ impl Arrival {
             partition: pos.partition,
             offset: pos.offset,
             event_id: IdRef(&ev.event_id),
-            rest: ArrivalRest {
-                seq: ev.seq,
-                occurred_at: ev.occurred_at,
-                producer: &ev.producer,
-                fields: Fields::of(&ev.body),
-            },
+            seq: ev.seq,
+            occurred_at: ev.occurred_at,
+            producer: &ev.producer,
+            fields: Fields::of(&ev.body),
         };
         Arrival::with(&ev.operation_id, &fields, manual)
     }
@@ -463,14 +464,17 @@ impl Arrival {
             partition: s.pos.partition,
             offset: s.pos.offset,
             event_id: IdRef(&s.trigger_event_id),
-            rest: ArrivalRest { seq: None, occurred_at: s.at, producer: "reconciler", fields: Fields::superseded(s) },
+            seq: None,
+            occurred_at: s.at,
+            producer: "reconciler",
+            fields: Fields::superseded(s),
         };
         Arrival::with(&s.operation_id, &fields, None)
     }
 
     fn with(operation_id: &str, fields: &ArrivalFields<'_>, manual: Option<ManualDecisionRecord>) -> Arrival {
         let event_id = fields.event_id.0;
-        let mut buf = Vec::with_capacity(operation_id.len() + 2 * event_id.len() + fields.rest.producer.len() + 64);
+        let mut buf = Vec::with_capacity(operation_id.len() + 2 * event_id.len() + fields.producer.len() + 64);
         buf.extend_from_slice(operation_id.as_bytes());
         let id_end = buf.len();
         buf.extend_from_slice(event_id.as_bytes());
@@ -479,8 +483,21 @@ impl Arrival {
         let own_start = buf.len();
         append(&mut buf, &fields.event_id);
         let own = own_start..buf.len();
-        append(&mut buf, &fields.rest);
-        Arrival { partition: fields.partition, seq: fields.rest.seq, buf, id_end, event_end, own, manual }
+        append(&mut buf, &(fields.seq, fields.occurred_at, fields.producer));
+        let fields_at = buf.len();
+        append(&mut buf, &fields.fields);
+        let request = matches!(fields.fields, Fields::Requested { .. });
+        Arrival {
+            partition: fields.partition,
+            seq: fields.seq,
+            request,
+            buf,
+            id_end,
+            event_end,
+            own,
+            fields_at,
+            manual,
+        }
     }
 }
 
@@ -509,26 +526,33 @@ pub fn record(
             head.verdict = Some(VerdictAt { ordinal: head.total, index, count: op.verdict_count });
         }
     }
-    let value = entry_value(head.total, &a, disposition, outputs, &op.applied_seqs);
+    let value = entry_value(head.total, &a, disposition, outputs, op);
     for (ordinal, out) in head.push(value) {
         batch.add_timeline_value(a.partition, a.operation_id(), ordinal, out);
     }
 }
 
 /// The stored entry of ordinal `ordinal`: arrival `a`, its disposition
-/// and the outputs its processing produced, of an operation whose revision
-/// records are (after it) `applied`.
+/// and the outputs its processing produced, of operation `op` (as it is
+/// after them).
 pub(crate) fn entry_value(
     ordinal: u64,
     a: &Arrival,
     disposition: Disposition,
     outputs: &[Output],
-    applied: &BTreeMap<i64, SeqRecord>,
+    op: &OperationState,
 ) -> Vec<u8> {
     let own = a.event_id();
-    // A record, once written, is never replaced (`detect::apply_now`), so
-    // the entry of the event it names can name it by its revision.
-    let claimed = a.seq.and_then(|s| applied.get(&s)).is_some_and(|r| r.event_id.as_bytes() == own);
+    // A revision's record, once written, is never replaced
+    // (`detect::apply_now`), nor is the request once set
+    // (`OperationState::request`): the entry can name what they hold.
+    let claimed = a.seq.and_then(|s| op.applied_seqs.get(&s)).is_some_and(|r| r.event_id.as_bytes() == own);
+    let of_the_request = a.request
+        && op.request.as_ref().is_some_and(|r| {
+            let mut fields = Vec::with_capacity(a.buf.len() - a.fields_at);
+            append(&mut fields, &Fields::of_request(r));
+            fields == a.buf[a.fields_at..]
+        });
     let mut anomalies = Vec::new();
     let mut verdicts = Vec::new();
     // The value's size, about: the arrival's fields, the ordinal and the
@@ -568,7 +592,12 @@ pub(crate) fn entry_value(
     } else {
         value.extend_from_slice(&a.buf[a.own.clone()]);
     }
-    value.extend_from_slice(&a.buf[a.own.end..]);
+    value.extend_from_slice(&a.buf[a.own.end..a.fields_at]);
+    if of_the_request {
+        append(&mut value, &Fields::<&str>::OfTheRequest);
+    } else {
+        value.extend_from_slice(&a.buf[a.fields_at..]);
+    }
     append(&mut value, &decided);
     value
 }
