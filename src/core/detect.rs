@@ -4,6 +4,8 @@
 //! Every event ends in exactly one [`Disposition`]; nothing is dropped
 //! without a trace.
 
+use std::collections::btree_map::Entry;
+
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -347,11 +349,18 @@ fn apply_now(
     if let Some(s) = ev.seq {
         // The id moves from the ids taken in to its revision's record: each
         // id is stored once (see `OperationState::seen_event_ids`).
-        let event_id = op.seen_event_ids.take(&ev.event_id).unwrap_or_else(|| ev.event_id.clone());
-        if let Some(replaced) = op.applied_seqs.insert(s, SeqRecord { event_id, body_hash: hash }) {
-            // Not reached (a claimed revision is never applied again), but an
-            // id must not be forgotten if it were.
-            op.seen_event_ids.insert(replaced.event_id);
+        match op.applied_seqs.entry(s) {
+            Entry::Vacant(slot) => {
+                let event_id = op.seen_event_ids.take(&ev.event_id).unwrap_or_else(|| ev.event_id.clone());
+                slot.insert(SeqRecord { event_id, body_hash: hash });
+            }
+            // Not reached (a claimed revision is never applied again). Were
+            // it, the record would stay the first claimer's, which the
+            // timeline entries of that event name (`store::timeline`), and
+            // this id would stay among the ids taken in.
+            Entry::Occupied(_) => {
+                op.seen_event_ids.insert(ev.event_id.clone());
+            }
         }
         op.next_seq = op.next_seq.max(s.saturating_add(1));
     }

@@ -360,3 +360,37 @@ fn unsigned_or_badly_signed_control_events_change_nothing() {
     h.records(vec![replayed], 1);
     assert_eq!(anomalies(&h), 3, "verified this time (a CONFIRMED case then refuses the decision itself)");
 }
+
+/// An operation removed out of retention and opened again under the same
+/// id in one batch starts a timeline of its own: none of the old one's
+/// entries, in its value or moved out of it, is shown (nor read against
+/// the new state, which does not hold what they name).
+#[test]
+fn an_operation_removed_and_opened_again_in_one_batch_starts_a_new_timeline() {
+    let mut h = Harness::new("reopened");
+    let t = 1_000;
+    let started = Body::Started { attempt: 1, worker: "w".into() };
+    h.batch(vec![
+        ev("e1", Some(1), t, requested()),
+        ev("e2", Some(2), t + 1, started),
+        ev("e3", Some(3), t + 2, observed(7)),
+    ]);
+    // Redeliveries, until its first entries move out of its value.
+    h.batch(vec![ev("e1", Some(1), t, requested()); 8]);
+    assert_eq!(h.store.timeline(0, "op-1").unwrap().total, 11);
+    let op = h.store.get_op(0, "op-1").unwrap().expect("stored");
+    assert_eq!(op.status, Status::Confirmed);
+    let end = op.timer_at.expect("its retention timer");
+    let again = Body::Requested(Requested { destination: "erp".into(), ..Default::default() });
+    let ds = h.batch(vec![
+        Event::deadline_reached("op-1", "cust-1", "sync_customer", end),
+        ev("new-1", Some(1), end + 1, again),
+    ]);
+    assert_eq!(ds, vec![Disposition::Applied], "only the new operation's request is in its timeline");
+    let timeline = h.store.timeline(0, "op-1").unwrap();
+    let shown: Vec<(&str, &str)> = timeline.entries.iter().map(|e| (e.event_id.as_str(), e.summary.as_str())).collect();
+    assert_eq!(timeline.total, 1);
+    assert_eq!(shown, [("new-1", "expects version - fingerprint -; not idempotent; key -; to erp")]);
+    let x = explain(&h.store, "op-1").unwrap().expect("known operation");
+    assert_eq!((x.state, x.timeline.len()), (Status::Pending, 1));
+}

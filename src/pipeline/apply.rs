@@ -382,9 +382,17 @@ impl<'a> Applier<'a> {
                 self.metrics.forged_control_event(ev.body.name(), auth);
                 warn!(partition = p, offset = r.offset, producer = %ev.producer, body = ev.body.name(), event_id = %ev.event_id, authenticity = auth.as_str(), "A control event without a valid signature: not applied (FORGED_CONTROL_EVENT)");
             }
+            // Only a timer removes an operation (out of retention).
+            let removable = matches!(ev.body, core::Body::DeadlineReached { .. }) && slot.is_some();
+            let removable = removable.then(|| ev.operation_id.clone());
             let step = core::apply(self.policy, slot, entity, ev, auth, pos, &mut outputs);
             let d = step.disposition;
             self.metrics.event(d, failed, slot.as_ref());
+            if let (Some(id), None) = (removable, slot.as_ref()) {
+                // Its timeline goes now: a new operation of the same id
+                // later in the batch starts one of its own.
+                batch.drop_timeline(p, &id, std::mem::take(&mut op.timeline));
+            }
             timeline::record(&mut batch, &mut op.timeline, arrival, d, &outputs, slot.as_ref());
             *stats.by_disposition.entry(d.as_str()).or_default() += 1;
             if let (Disposition::Held, Some(op)) = (d, slot.as_ref()) {

@@ -385,6 +385,17 @@ impl Part {
         self.writes.push(Write::Put { family, key, value });
     }
 
+    /// Deletes an operation's timeline entries out of its value, which
+    /// used its first `slots` ring slots. Most operations have none: no
+    /// range delete then.
+    fn delete_timeline(&mut self, partition: i32, operation_id: &str, slots: u32) {
+        if slots > 0 {
+            let from = self.push(&keys::timeline_head(partition, operation_id));
+            let to = self.push(&keys::timeline_end(partition, operation_id));
+            self.writes.push(Write::DeleteRange { family: Family::Timeline, from, to, slots });
+        }
+    }
+
     fn delete(&mut self, family: Family, key: &[u8]) {
         let key = self.push(key);
         self.writes.push(Write::Delete { family, key });
@@ -429,6 +440,11 @@ impl Batch {
             changelog_from: self.outbox.len(),
             outbox: self.outbox,
         };
+        // First the timelines of operations removed before a new one of the
+        // same id came (this batch's entries of the new one are kept).
+        for (p, id, slots) in &self.timelines_dropped {
+            part.delete_timeline(*p, id, *slots);
+        }
         for (key, value) in by_key(self.timeline.iter().map(|(k, v)| (k, v))) {
             part.put_bytes(Family::Timeline, key, value);
         }
@@ -439,13 +455,8 @@ impl Batch {
                     part.delete(Family::Ops, &key);
                     // Out of retention: the entries its value did not hold
                     // go with it (after this batch's, which it removes
-                    // too). Most operations have none: no range delete.
-                    let slots = head.spilled_slots();
-                    if slots > 0 {
-                        let from = part.push(&keys::timeline_head(*p, id));
-                        let to = part.push(&keys::timeline_end(*p, id));
-                        part.writes.push(Write::DeleteRange { family: Family::Timeline, from, to, slots });
-                    }
+                    // too).
+                    part.delete_timeline(*p, id, head.spilled_slots());
                 }
             }
         }

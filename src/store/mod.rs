@@ -61,6 +61,12 @@ pub struct Batch {
     /// serialized (written before `ops`: an operation deleted in the same
     /// batch takes them with it).
     pub(crate) timeline: Vec<(Vec<u8>, Vec<u8>)>,
+    /// (partition, operation, ring slots it used): the timelines of
+    /// operations removed while the batch was applied, deleted before
+    /// `timeline` is written, so that a new operation of the same id later
+    /// in the batch starts a timeline of its own (see
+    /// [`Batch::drop_timeline`]).
+    pub(crate) timelines_dropped: Vec<(i32, String, u32)>,
 }
 
 impl Batch {
@@ -94,6 +100,19 @@ impl Batch {
         head: timeline::Head,
     ) {
         self.ops.push((partition, operation_id, state, head));
+    }
+
+    /// Deletes the timeline `head` of an operation just removed (out of
+    /// retention) while the batch is applied: the entries out of its value,
+    /// stored or added earlier in the batch. A new operation of the same id
+    /// later in the batch then starts from an empty head, and its entries
+    /// are never read against the old one's state (an entry may name what
+    /// its operation's state holds, see [`timeline`]).
+    pub fn drop_timeline(&mut self, partition: i32, operation_id: &str, head: timeline::Head) {
+        let prefix = keys::timeline_head(partition, operation_id);
+        let end = keys::timeline_end(partition, operation_id);
+        self.timeline.retain(|(k, _)| k.as_slice() < prefix.as_slice() || k.as_slice() >= end.as_slice());
+        self.timelines_dropped.push((partition, operation_id.to_owned(), head.spilled_slots()));
     }
 
     /// Sets (or, with `None`, deletes) an entity's facts.

@@ -684,10 +684,13 @@ impl Store {
                 if k.as_ref() >= end.as_slice() {
                     break;
                 }
-                let entry = decode_entry(&v, &op)?;
-                // A slot may still hold an entry the ring has moved past.
-                if retained.contains(&entry.ordinal) {
-                    entries.push(entry);
+                // A slot may still hold an entry the ring has moved past:
+                // left unread (what it names may no longer be in the state).
+                let ordinal = postcard::take_from_bytes::<u64>(&v).map(|(o, _)| o);
+                let ordinal =
+                    ordinal.map_err(|e| StoreError::Corrupt { what: "timeline entry", reason: e.to_string() })?;
+                if retained.contains(&ordinal) {
+                    entries.push(decode_entry(&v, &op)?);
                 }
             }
             entries.sort_by_key(|e| e.ordinal);
