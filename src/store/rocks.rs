@@ -686,9 +686,7 @@ impl Store {
                 }
                 // A slot may still hold an entry the ring has moved past:
                 // left unread (what it names may no longer be in the state).
-                let ordinal = postcard::take_from_bytes::<u64>(&v).map(|(o, _)| o);
-                let ordinal =
-                    ordinal.map_err(|e| StoreError::Corrupt { what: "timeline entry", reason: e.to_string() })?;
+                let ordinal = decode_prefix::<u64>("timeline entry", &v)?;
                 if retained.contains(&ordinal) {
                     entries.push(decode_entry(&v, &op)?);
                 }
