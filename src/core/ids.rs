@@ -33,6 +33,18 @@ pub fn v5(namespace: &Uuid, parts: &[&str]) -> String {
     Builder::from_sha1_bytes(bytes).into_uuid().hyphenated().encode_lower(&mut text).to_owned()
 }
 
+/// The bytes of `id` when it is a UUID written as [`Uuid::hyphenated`]
+/// writes one (so the bytes give back exactly this text): the form in
+/// which the store keeps such ids in 16 bytes.
+pub fn canonical_uuid(id: &str) -> Option<[u8; 16]> {
+    if id.len() != uuid::fmt::Hyphenated::LENGTH {
+        return None;
+    }
+    let uuid = Uuid::try_parse(id).ok()?;
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    (uuid.hyphenated().encode_lower(&mut text).as_bytes() == id.as_bytes()).then(|| *uuid.as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

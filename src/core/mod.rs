@@ -6,6 +6,7 @@
 //! regex, xxhash and postcard. The pipeline, the tests and the benches all
 //! drive the same [`apply`].
 
+mod applied;
 pub mod deadline;
 pub mod detect;
 pub mod event;

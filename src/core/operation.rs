@@ -104,7 +104,10 @@ pub struct OperationState {
     /// The next seq that may be applied.
     pub next_seq: i64,
     /// What claimed each applied seq: tells a duplicate emission from a
-    /// conflicting transition, and names the gaps of a SEQ_GAP.
+    /// conflicting transition, and names the gaps of a SEQ_GAP. Stored in
+    /// a form of its own (`core::applied`: ids in 16 bytes or
+    /// as the previous one's beginning and the rest).
+    #[serde(with = "super::applied")]
     pub applied_seqs: BTreeMap<i64, SeqRecord>,
     /// The ids of the events taken in (held, flagged, or applied without a
     /// seq) that `applied_seqs` does not name: with those, every event id

@@ -112,8 +112,11 @@ pub enum StoreError {
 /// [`super::reason`]). 8: a timeline entry names its own event by its
 /// revision when that event claimed it (see [`super::stored_id`]), and a
 /// request's fields as the operation's request when they are those (see
-/// [`super::summary`]): the state holds both already.
-pub(super) const FORMAT: u32 = 8;
+/// [`super::summary`]): the state holds both already. 9: an operation's
+/// applied revisions store each event id as its 16 bytes when it is a
+/// UUID, or as the length it shares with the previous revision's id and
+/// the rest, and each body digest as its 8 bytes (`core::applied`).
+pub(super) const FORMAT: u32 = 9;
 
 /// The size of a store ([`Store::size`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -14,6 +14,8 @@
 use serde::{Deserialize, Serialize, Serializer};
 use uuid::Uuid;
 
+use crate::core::ids::canonical_uuid;
+
 /// The name serde gives the stored enum (postcard writes only the variant's
 /// number: 0 the text, 1 the 16 bytes).
 const NAME: &str = "StoredId";
@@ -77,17 +79,6 @@ impl<S: Into<String>> StoredId<S> {
             StoredId::Uuid(bytes) => Uuid::from_bytes(bytes).hyphenated().to_string(),
         }
     }
-}
-
-/// The bytes of `id` when it is a UUID written as [`Uuid::hyphenated`]
-/// writes one (so the bytes give back exactly this text).
-fn canonical_uuid(id: &str) -> Option<[u8; 16]> {
-    if id.len() != 36 {
-        return None;
-    }
-    let uuid = Uuid::try_parse(id).ok()?;
-    let mut text = [0u8; 36];
-    (uuid.hyphenated().encode_lower(&mut text).as_bytes() == id.as_bytes()).then(|| *uuid.as_bytes())
 }
 
 #[cfg(test)]

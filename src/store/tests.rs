@@ -601,7 +601,10 @@ fn an_entry_leaves_out_what_its_operations_state_holds() {
     // its revision (both flagged, naming the request's event in their
     // anomalies' details).
     let request = Body::Requested(Requested { destination: "the-destination".into(), ..Default::default() });
-    let mut events = vec![ev("applied-event-1".into(), 1, request)];
+    // Ids that share no beginning with the previous revision's, so that
+    // the state holds each in full (it would shorten them otherwise, see
+    // `core::applied`) and each can be counted.
+    let mut events = vec![ev("1-applied-event".into(), 1, request)];
     for attempt in 1..=5 {
         let seq = 2 * i64::from(attempt);
         let failed = Body::AttemptFailed {
@@ -611,8 +614,8 @@ fn an_entry_leaves_out_what_its_operations_state_holds() {
             detail: String::new(),
             next_attempt_at: None,
         };
-        events.push(ev(format!("applied-event-{seq}"), seq, Body::Started { attempt, worker: "w".into() }));
-        events.push(ev(format!("applied-event-{}", seq + 1), seq + 1, failed));
+        events.push(ev(format!("{seq}-applied-event"), seq, Body::Started { attempt, worker: "w".into() }));
+        events.push(ev(format!("{}-applied-event", seq + 1), seq + 1, failed));
     }
     let applied: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
     events.push(events[0].clone());
