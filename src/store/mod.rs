@@ -12,6 +12,7 @@ mod append;
 pub mod changelog;
 mod claims;
 mod encoded;
+mod event_time;
 mod keys;
 mod reason;
 mod restoring;

@@ -115,7 +115,10 @@ pub enum StoreError {
 /// [`super::summary`]): the state holds both already. 9: an operation's
 /// applied revisions store each event id as its 16 bytes when it is a
 /// UUID, or as the length it shares with the previous revision's id and
-/// the rest, and each body digest as its 8 bytes (`core::applied`).
+/// the rest, and each body digest as its 8 bytes (`core::applied`); a
+/// timeline entry stores its event time as its distance from the
+/// operation's request time when the operation has one (see
+/// [`super::event_time`]).
 pub(super) const FORMAT: u32 = 9;
 
 /// The size of a store ([`Store::size`]).

@@ -651,3 +651,51 @@ fn an_entry_leaves_out_what_its_operations_state_holds() {
     let err = store.timeline(0, "op-1").unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { what: "timeline entry", .. }), "{err}");
 }
+
+/// An entry keeps its event time as its distance from the operation's
+/// request once the operation has one, and whole before: every entry reads
+/// back its own event's time, one written before the request came too, and
+/// a state without the request its entries count from is refused.
+#[test]
+fn an_entry_keeps_its_event_time_from_the_request() {
+    use crate::core::event::{Body, Requested};
+    use crate::core::Policy;
+    let dir = temp("store-event-time");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    let policy = Policy::default();
+    let t = 1_796_560_000_000;
+    let ev = |id: &str, seq: i64, at: i64, body: Body| Event {
+        event_id: id.into(),
+        seq: Some(seq),
+        occurred_at: at,
+        producer: "svc".into(),
+        body,
+        ..Event::deadline_reached("op-1", "ent-1", "sync", 0)
+    };
+    let request = Body::Requested(Requested { destination: "d".into(), ..Default::default() });
+    let events = [
+        // Before its request (held until the request comes).
+        ev("started", 2, t + 40, Body::Started { attempt: 1, worker: "w".into() }),
+        ev("requested", 1, t, request),
+        // Late, and much later.
+        ev("started-again", 2, t - 3_000, Body::Started { attempt: 1, worker: "w2".into() }),
+        ev("later", 3, t + 86_400_000, Body::Started { attempt: 2, worker: "w".into() }),
+    ];
+    let (slot, head, mut batch) = applied_and_recorded(events.iter().cloned(), &policy);
+    batch.put_op(0, "op-1".into(), slot, head);
+    store.commit(batch).unwrap();
+    let t_shown: Vec<(String, i64)> =
+        store.timeline(0, "op-1").unwrap().entries.iter().map(|e| (e.event_id.clone(), e.occurred_at)).collect();
+    let t_sent: Vec<(String, i64)> = events.iter().map(|e| (e.event_id.clone(), e.occurred_at)).collect();
+    assert_eq!(t_shown, t_sent);
+    // The state without its request: the entries written from it are
+    // refused, not shown at wrong times.
+    let (state, head) = store.load_op(0, "op-1").unwrap();
+    let mut state = state.unwrap();
+    state.request = None;
+    let mut batch = Batch::default();
+    batch.put_op(0, "op-1".into(), Some(state), head);
+    store.commit(batch).unwrap();
+    let err = store.timeline(0, "op-1").unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { what: "timeline entry", .. }), "{err}");
+}

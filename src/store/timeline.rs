@@ -34,7 +34,9 @@
 //! names it in that revision's record, `OperationState::applied_seqs`;
 //! nearly every entry of the default workload), a request's fields not at
 //! all when they are the operation's request (which the state holds), and
-//! the event its anomalies and verdicts name only when that is not its own.
+//! the event its anomalies and verdicts name only when that is not its own,
+//! and its event time as its distance from the operation's request (see
+//! [`super::event_time`]).
 //! Reading renders the summary and fills in what the entry left out, from
 //! the operation's state where it is there ([`TimelineEntry`] is what
 //! readers see).
@@ -48,6 +50,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::append::append;
+use super::event_time::{StoredTime, TimeRef};
 use super::reason::{ReasonRef, Rendered};
 use super::stored_id::{Claimer, IdRef, StoredId, StoredOwnId};
 use super::summary::Fields;
@@ -260,6 +263,11 @@ pub struct Arrival {
     /// Where the entry's field `event_id` is in `buf` (written instead as
     /// [`Claimer`] when the event claimed its revision).
     own: Range<usize>,
+    /// The event time, written in the entry between the revision and the
+    /// producer (at `time_at` in `buf`) as its distance from the
+    /// operation's request ([`TimeRef`]).
+    occurred_at: i64,
+    time_at: usize,
     /// Where the entry's field `fields` starts in `buf` (it ends `buf`).
     fields_at: usize,
     manual: Option<ManualDecisionRecord>,
@@ -267,7 +275,8 @@ pub struct Arrival {
 
 /// The fields of an entry known on arrival, in the entry's order.
 /// Postcard writes a struct as its fields back to back, so these, appended
-/// in turn, are the entry's own bytes.
+/// in turn, are the entry's own bytes; all but the event time, which is
+/// written once the operation's state is known ([`TimeRef`]).
 struct ArrivalFields<'a> {
     partition: i32,
     offset: i64,
@@ -320,7 +329,7 @@ struct StoredEntry<S = String> {
     offset: i64,
     event_id: StoredOwnId<S>,
     seq: Option<i64>,
-    occurred_at: i64,
+    occurred_at: StoredTime,
     producer: S,
     fields: Fields<S>,
     disposition: Disposition,
@@ -358,13 +367,14 @@ impl StoredEntry {
         let seq = self.seq;
         let own = self.event_id.into_string(|| Some(op.applied_seqs.get(&seq?)?.event_id.clone()))?;
         let fields = self.fields.resolved(op.request.as_ref())?;
+        let occurred_at = self.occurred_at.resolved(op)?;
         Some(TimelineEntry {
             ordinal: self.ordinal,
             partition: self.partition,
             offset: self.offset,
             seq: self.seq,
             body: fields.body().to_owned(),
-            occurred_at: self.occurred_at,
+            occurred_at,
             producer: self.producer,
             disposition: self.disposition,
             summary: fields.render(),
@@ -483,7 +493,9 @@ impl Arrival {
         let own_start = buf.len();
         append(&mut buf, &fields.event_id);
         let own = own_start..buf.len();
-        append(&mut buf, &(fields.seq, fields.occurred_at, fields.producer));
+        append(&mut buf, &fields.seq);
+        let time_at = buf.len();
+        append(&mut buf, &fields.producer);
         let fields_at = buf.len();
         append(&mut buf, &fields.fields);
         let request = matches!(fields.fields, Fields::Requested { .. });
@@ -495,6 +507,8 @@ impl Arrival {
             id_end,
             event_end,
             own,
+            occurred_at: fields.occurred_at,
+            time_at,
             fields_at,
             manual,
         }
@@ -592,7 +606,9 @@ pub(crate) fn entry_value(
     } else {
         value.extend_from_slice(&a.buf[a.own.clone()]);
     }
-    value.extend_from_slice(&a.buf[a.own.end..a.fields_at]);
+    value.extend_from_slice(&a.buf[a.own.end..a.time_at]);
+    append(&mut value, &TimeRef { at: a.occurred_at, op });
+    value.extend_from_slice(&a.buf[a.time_at..a.fields_at]);
     if of_the_request {
         append(&mut value, &Fields::<&str>::OfTheRequest);
     } else {
