@@ -4,20 +4,23 @@
 //! again (write-ahead log, flushes, the changelog record).
 //!
 //! Each record is its revision, its event id and its body's digest. The
-//! event id takes the least of three forms:
+//! event id takes one of three forms:
 //! - a UUID in its canonical text form (lowercase hex, hyphenated: the
 //!   event ids of most services) as its 16 bytes, 17 instead of 37;
-//! - an id that begins as the previous record's does (revision order) as
-//!   the length of that common beginning and the rest: the ids of one
-//!   operation's events often share it (`order-452.requested`,
+//! - else, an id that begins as the previous record's does (revision
+//!   order) as the length of that common beginning and the rest: the ids
+//!   of one operation's events often share it (`order-452.requested`,
 //!   `order-452.started`);
-//! - any other as its text.
+//! - else its text.
 //!
 //! The digest is written as its 8 bytes rather than as a variable-length
 //! integer (a digest is uniformly spread: 10 bytes as one nearly always).
 //! Read back, every id is the same text byte for byte; a record that cannot
 //! have been written (a beginning longer than the previous id, or cut inside
-//! a character; revisions out of order) is refused.
+//! a character; revisions out of order) is refused, and so are records whose
+//! ids would take more than [`MAX_ID_BYTES`] in all (a damaged value could
+//! otherwise repeat a long id at a few bytes a record, and take gigabytes
+//! to read).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -30,6 +33,11 @@ use uuid::Uuid;
 
 use super::ids::canonical_uuid;
 use super::operation::SeqRecord;
+
+/// The most bytes of event ids one operation's records may read back to:
+/// far more than any operation stores (its value is one changelog record,
+/// held below a producer's message size), little enough to allocate.
+const MAX_ID_BYTES: usize = 64 << 20;
 
 /// The fewest bytes shared with the previous id worth writing as
 /// [`StoredEventId::AfterPrevious`] (its length takes a byte).
@@ -106,6 +114,7 @@ impl<'de> Visitor<'de> for Records {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut records = BTreeMap::new();
+        let mut id_bytes = 0usize;
         while let Some((revision, id, digest)) = seq.next_element::<(i64, StoredEventId<'de>, [u8; 8])>()? {
             let previous = records.last_key_value().map(|(at, r): (&i64, &SeqRecord)| (*at, r.event_id.as_str()));
             if previous.is_some_and(|(at, _)| at >= revision) {
@@ -114,6 +123,10 @@ impl<'de> Visitor<'de> for Records {
             let event_id = id
                 .into_string(previous.map_or("", |(_, id)| id))
                 .ok_or_else(|| de::Error::custom("an event id shares more of the previous one than it has"))?;
+            id_bytes = id_bytes.saturating_add(event_id.len());
+            if id_bytes > MAX_ID_BYTES {
+                return Err(de::Error::custom("more event id bytes than any operation stores"));
+            }
             records.insert(revision, SeqRecord { event_id, body_hash: u64::from_le_bytes(digest) });
         }
         Ok(records)
@@ -185,6 +198,11 @@ mod tests {
         assert!(read(written(&[(1, after(1, "b"), [1; 8])])).is_err());
         // Cutting a character of the previous id.
         assert!(read(written(&[(1, text("é"), [0; 8]), (2, after(1, "x"), [1; 8])])).is_err());
+        // One long id repeated at a few bytes a record, past the bound.
+        let mut repeated = vec![(0, StoredEventId::Text(Cow::Owned("x".repeat(1 << 20))), [0; 8])];
+        repeated.extend((1..=64).map(|r| (r, after(1 << 20, ""), [0; 8])));
+        assert!(read(written(&repeated[..63])).is_ok());
+        assert!(read(written(&repeated)).is_err());
         // Revisions out of order, or twice.
         assert!(read(written(&[(2, text("a"), [0; 8]), (1, text("b"), [1; 8])])).is_err());
         assert!(read(written(&[(2, text("a"), [0; 8]), (2, text("b"), [1; 8])])).is_err());

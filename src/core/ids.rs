@@ -36,7 +36,7 @@ pub fn v5(namespace: &Uuid, parts: &[&str]) -> String {
 /// The bytes of `id` when it is a UUID written as [`Uuid::hyphenated`]
 /// writes one (so the bytes give back exactly this text): the form in
 /// which the store keeps such ids in 16 bytes.
-pub fn canonical_uuid(id: &str) -> Option<[u8; 16]> {
+pub(crate) fn canonical_uuid(id: &str) -> Option<[u8; 16]> {
     if id.len() != uuid::fmt::Hyphenated::LENGTH {
         return None;
     }
