@@ -26,13 +26,11 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::ids::{canonical_uuid, uuid_text};
+use super::operation::SeqRecord;
 use serde::de::{self, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use uuid::Uuid;
-
-use super::ids::canonical_uuid;
-use super::operation::SeqRecord;
 
 /// The most bytes of event ids one operation's records may read back to:
 /// far more than any operation stores (its value is one changelog record,
@@ -54,7 +52,9 @@ enum StoredEventId<'a> {
 }
 
 impl<'a> StoredEventId<'a> {
-    /// The least form of `id` after a record whose id is `previous`.
+    /// The form of `id` after a record whose id is `previous`: its 16
+    /// bytes if it is a UUID, else what it shares with `previous` and the
+    /// rest if that is [`MIN_SHARED`] bytes or more, else its text.
     fn of(id: &'a str, previous: &str) -> StoredEventId<'a> {
         if let Some(bytes) = canonical_uuid(id) {
             return StoredEventId::Uuid(bytes);
@@ -75,7 +75,7 @@ impl<'a> StoredEventId<'a> {
     fn into_string(self, previous: &str) -> Option<String> {
         match self {
             StoredEventId::Text(text) => Some(text.into_owned()),
-            StoredEventId::Uuid(bytes) => Some(Uuid::from_bytes(bytes).hyphenated().to_string()),
+            StoredEventId::Uuid(bytes) => Some(uuid_text(bytes)),
             StoredEventId::AfterPrevious(shared, rest) => {
                 let start = previous.get(..shared)?;
                 let mut id = String::with_capacity(shared + rest.len());

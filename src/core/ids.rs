@@ -45,6 +45,12 @@ pub(crate) fn canonical_uuid(id: &str) -> Option<[u8; 16]> {
     (uuid.hyphenated().encode_lower(&mut text).as_bytes() == id.as_bytes()).then(|| *uuid.as_bytes())
 }
 
+/// The text of the UUID `bytes` as [`canonical_uuid`] took it: its
+/// inverse, for ids the store kept in 16 bytes.
+pub(crate) fn uuid_text(bytes: [u8; 16]) -> String {
+    Uuid::from_bytes(bytes).hyphenated().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

@@ -11,10 +11,8 @@
 //! entry of nearly every applied event need not name it again (see
 //! `timeline`).
 
+use crate::core::ids::{canonical_uuid, uuid_text};
 use serde::{Deserialize, Serialize, Serializer};
-use uuid::Uuid;
-
-use crate::core::ids::canonical_uuid;
 
 /// The name serde gives the stored enum (postcard writes only the variant's
 /// number: 0 the text, 1 the 16 bytes).
@@ -76,7 +74,7 @@ impl<S: Into<String>> StoredId<S> {
     pub fn into_string(self) -> String {
         match self {
             StoredId::Text(text) => text.into(),
-            StoredId::Uuid(bytes) => Uuid::from_bytes(bytes).hyphenated().to_string(),
+            StoredId::Uuid(bytes) => uuid_text(bytes),
         }
     }
 }

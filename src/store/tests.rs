@@ -50,6 +50,30 @@ fn applied_and_recorded(
     (slot, head, batch)
 }
 
+/// Event `id` of operation `op-1` (entity `ent-1`, producer `svc`) at
+/// revision `seq`, at event time `at`.
+fn op1_event(id: &str, seq: i64, at: i64, body: crate::core::event::Body) -> Event {
+    Event {
+        event_id: id.into(),
+        seq: Some(seq),
+        occurred_at: at,
+        producer: "svc".into(),
+        body,
+        ..Event::deadline_reached("op-1", "ent-1", "sync", 0)
+    }
+}
+
+/// Writes `op-1`'s stored state back after `change` (its timeline head
+/// kept): to read its entries against a state they were not written with.
+fn rewrite_op1_state(store: &Store, change: impl FnOnce(&mut OperationState)) {
+    let (state, head) = store.load_op(0, "op-1").unwrap();
+    let mut state = state.expect("op-1 is stored");
+    change(&mut state);
+    let mut batch = Batch::default();
+    batch.put_op(0, "op-1".into(), Some(state), head);
+    store.commit(batch).unwrap();
+}
+
 fn record(n: u8) -> OutboxRecord {
     OutboxRecord {
         topic: "out".into(),
@@ -588,14 +612,7 @@ fn an_entry_leaves_out_what_its_operations_state_holds() {
     let dir = temp("store-claimer");
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let policy = Policy::default();
-    let ev = |id: String, seq: i64, body: Body| Event {
-        event_id: id,
-        seq: Some(seq),
-        occurred_at: 1_000 + seq,
-        producer: "svc".into(),
-        body,
-        ..Event::deadline_reached("op-1", "ent-1", "sync", 0)
-    };
+    let ev = |id: &str, seq: i64, body: Body| op1_event(id, seq, 1_000 + seq, body);
     // The request and attempts that fail, enough for the first entries to
     // move out of the value; then the request again, and another event for
     // its revision (both flagged, naming the request's event in their
@@ -604,7 +621,7 @@ fn an_entry_leaves_out_what_its_operations_state_holds() {
     // Ids that share no beginning with the previous revision's, so that
     // the state holds each in full (it would shorten them otherwise, see
     // `core::applied`) and each can be counted.
-    let mut events = vec![ev("1-applied-event".into(), 1, request)];
+    let mut events = vec![ev("1-applied-event", 1, request)];
     for attempt in 1..=5 {
         let seq = 2 * i64::from(attempt);
         let failed = Body::AttemptFailed {
@@ -614,13 +631,13 @@ fn an_entry_leaves_out_what_its_operations_state_holds() {
             detail: String::new(),
             next_attempt_at: None,
         };
-        events.push(ev(format!("{seq}-applied-event"), seq, Body::Started { attempt, worker: "w".into() }));
-        events.push(ev(format!("{}-applied-event", seq + 1), seq + 1, failed));
+        events.push(ev(&format!("{seq}-applied-event"), seq, Body::Started { attempt, worker: "w".into() }));
+        events.push(ev(&format!("{}-applied-event", seq + 1), seq + 1, failed));
     }
     let applied: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
     events.push(events[0].clone());
     let other = Body::Requested(Requested { destination: "another-destination".into(), ..Default::default() });
-    events.push(ev("a-conflicting-event".into(), 1, other));
+    events.push(ev("a-conflicting-event", 1, other));
     let (slot, head, mut batch) = applied_and_recorded(events.iter().cloned(), &policy);
     batch.put_op(0, "op-1".into(), slot, head);
     store.commit(batch).unwrap();
@@ -642,12 +659,7 @@ fn an_entry_leaves_out_what_its_operations_state_holds() {
     }
     // A state without the records its entries name (a damaged store): the
     // timeline is refused, not shown with wrong ids.
-    let (state, head) = store.load_op(0, "op-1").unwrap();
-    let mut state = state.unwrap();
-    state.applied_seqs.clear();
-    let mut batch = Batch::default();
-    batch.put_op(0, "op-1".into(), Some(state), head);
-    store.commit(batch).unwrap();
+    rewrite_op1_state(&store, |state| state.applied_seqs.clear());
     let err = store.timeline(0, "op-1").unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { what: "timeline entry", .. }), "{err}");
 }
@@ -663,22 +675,14 @@ fn an_entry_keeps_its_event_time_from_the_request() {
     let store = Store::open(&dir.0, "t.events", false).unwrap();
     let policy = Policy::default();
     let t = 1_796_560_000_000;
-    let ev = |id: &str, seq: i64, at: i64, body: Body| Event {
-        event_id: id.into(),
-        seq: Some(seq),
-        occurred_at: at,
-        producer: "svc".into(),
-        body,
-        ..Event::deadline_reached("op-1", "ent-1", "sync", 0)
-    };
     let request = Body::Requested(Requested { destination: "d".into(), ..Default::default() });
     let events = [
         // Before its request (held until the request comes).
-        ev("started", 2, t + 40, Body::Started { attempt: 1, worker: "w".into() }),
-        ev("requested", 1, t, request),
+        op1_event("started", 2, t + 40, Body::Started { attempt: 1, worker: "w".into() }),
+        op1_event("requested", 1, t, request),
         // Late, and much later.
-        ev("started-again", 2, t - 3_000, Body::Started { attempt: 1, worker: "w2".into() }),
-        ev("later", 3, t + 86_400_000, Body::Started { attempt: 2, worker: "w".into() }),
+        op1_event("started-again", 2, t - 3_000, Body::Started { attempt: 1, worker: "w2".into() }),
+        op1_event("later", 3, t + 86_400_000, Body::Started { attempt: 2, worker: "w".into() }),
     ];
     let (slot, head, mut batch) = applied_and_recorded(events.iter().cloned(), &policy);
     batch.put_op(0, "op-1".into(), slot, head);
@@ -689,12 +693,7 @@ fn an_entry_keeps_its_event_time_from_the_request() {
     assert_eq!(t_shown, t_sent);
     // The same entries read against another request time: those written
     // after the request count from it, the one written before stays whole.
-    let (state, head) = store.load_op(0, "op-1").unwrap();
-    let mut state = state.unwrap();
-    state.request.as_mut().unwrap().requested_at += 1_000;
-    let mut batch = Batch::default();
-    batch.put_op(0, "op-1".into(), Some(state), head);
-    store.commit(batch).unwrap();
+    rewrite_op1_state(&store, |state| state.request.as_mut().unwrap().requested_at += 1_000);
     let moved: Vec<i64> = store.timeline(0, "op-1").unwrap().entries.iter().map(|e| e.occurred_at).collect();
     assert_eq!(moved, [t + 40, t + 1_000, t - 2_000, t + 86_401_000]);
 }
