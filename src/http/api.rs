@@ -90,11 +90,15 @@ pub(super) async fn operation(State(s): State<AppState>, Path(id): Path<String>,
         Err(r) => return *r,
     }
     blocking(move || {
-        let found = operator::explain(&s.store, &id)?.ok_or_else(|| OperatorError::NotFound(id.clone()))?;
-        if !s.owns(found.partition) {
-            return Err(ApiError(StatusCode::NOT_FOUND, not_owned(&id, found.partition)));
+        // Where it is before what it holds: a partition this instance does
+        // not own (being restored, say) is not read, so whatever its state
+        // the answer is "not owned".
+        let partition = s.store.op_partition(&id)?.ok_or_else(|| OperatorError::NotFound(id.clone()))?;
+        if !s.owns(partition) {
+            return Err(ApiError(StatusCode::NOT_FOUND, not_owned(&id, partition)));
         }
-        Ok(found)
+        Ok(operator::explain::explain_in(&s.store, partition, &id)?
+            .ok_or_else(|| OperatorError::NotFound(id.clone()))?)
     })
     .await
 }
@@ -224,11 +228,9 @@ pub(super) async fn resolve(
     // is all it needs (not the explanation with its timeline).
     let here = fleet && {
         let (s, id) = (s.clone(), id.clone());
-        tokio::task::spawn_blocking(move || {
-            operator::explain::locate(&s.store, &id).ok().flatten().is_some_and(|(p, _)| s.owns(p))
-        })
-        .await
-        .unwrap_or(false)
+        tokio::task::spawn_blocking(move || s.store.op_partition(&id).ok().flatten().is_some_and(|p| s.owns(p)))
+            .await
+            .unwrap_or(false)
     };
     if fleet && !here {
         let authorization = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());

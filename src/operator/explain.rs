@@ -133,12 +133,8 @@ pub struct Explanation {
 
 /// The partition holding `operation_id` and its state, if this store has it.
 pub fn locate(store: &Store, operation_id: &str) -> Result<Option<(i32, OperationState)>, StoreError> {
-    for p in store.partitions()? {
-        if let Some(op) = store.get_op(p, operation_id)? {
-            return Ok(Some((p, op)));
-        }
-    }
-    Ok(None)
+    let Some(p) = store.op_partition(operation_id)? else { return Ok(None) };
+    Ok(store.get_op(p, operation_id)?.map(|op| (p, op)))
 }
 
 /// Decisions `op` accepts now, by the core's own rule.
@@ -149,7 +145,14 @@ pub fn allowed_decisions(op: &OperationState) -> Vec<Decision> {
 /// Explains `operation_id`; `None` when the store does not know it (never
 /// seen here, or removed after retention).
 pub fn explain(store: &Store, operation_id: &str) -> Result<Option<Explanation>, StoreError> {
-    let Some((partition, op)) = locate(store, operation_id)? else { return Ok(None) };
+    let Some(partition) = store.op_partition(operation_id)? else { return Ok(None) };
+    explain_in(store, partition, operation_id)
+}
+
+/// [`explain`] of `operation_id` in `partition` (see
+/// [`Store::op_partition`]); `None` when that partition does not hold it.
+pub fn explain_in(store: &Store, partition: i32, operation_id: &str) -> Result<Option<Explanation>, StoreError> {
+    let Some(op) = store.get_op(partition, operation_id)? else { return Ok(None) };
     let timeline = store.timeline(partition, operation_id)?;
     let mut arrivals: HashMap<&str, u32> = HashMap::new();
     for e in &timeline.entries {

@@ -406,6 +406,19 @@ impl Store {
         self.db.cf_handle(name).expect("column families are created at open")
     }
 
+    /// The partition that holds `operation_id`, found by its key alone:
+    /// the value is not read, so a damaged one, in a partition a restore is
+    /// still writing for instance, does not make the question fail (the
+    /// HTTP API asks it to tell an operation another instance owns).
+    pub fn op_partition(&self, operation_id: &str) -> Result<Option<i32>, StoreError> {
+        for p in self.partitions()? {
+            if self.db.get_pinned_cf(self.cf(OPS), keys::scoped(p, operation_id))?.is_some() {
+                return Ok(Some(p));
+            }
+        }
+        Ok(None)
+    }
+
     /// An operation's state, if `partition` holds it.
     pub fn get_op(&self, partition: i32, operation_id: &str) -> Result<Option<OperationState>, StoreError> {
         self.db

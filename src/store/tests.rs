@@ -229,6 +229,24 @@ fn of_two_timeline_entries_for_one_ring_slot_in_a_batch_the_later_is_kept() {
     assert_eq!(t.entries.iter().map(|e| e.ordinal).collect::<Vec<_>>(), vec![3 + timeline::TIMELINE_CAP]);
 }
 
+/// An operation is found by its key alone: a damaged value still names
+/// its partition (the HTTP API tells "not owned" before it reads one),
+/// where reading the value fails.
+#[test]
+fn an_operation_is_located_without_reading_its_value() {
+    let dir = temp("store-locate");
+    let store = Store::open(&dir.0, "t.events", false).unwrap();
+    for p in [1, 3] {
+        let mut batch = Batch::default();
+        batch.set_offset(p, 10);
+        store.commit(batch).unwrap();
+    }
+    store.db.put_cf(store.cf("ops"), keys::scoped(3, "op-1"), b"\xff\xff damaged").unwrap();
+    assert_eq!(store.op_partition("op-1").unwrap(), Some(3));
+    assert!(matches!(store.get_op(3, "op-1").unwrap_err(), StoreError::Corrupt { what: "operation", .. }));
+    assert_eq!(store.op_partition("op-2").unwrap(), None);
+}
+
 /// A value of the wrong size (a damaged store, or one written by something
 /// else) is a typed error naming what was read, never a panic.
 #[test]
