@@ -497,6 +497,76 @@ fn percentile(v: &[i64], p: f64) -> i64 {
     v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(-1)
 }
 
+/// A paced step in four quarters of its window: the latencies measured in
+/// each, and the cores each process kept busy in each. On tansu's memory
+/// engine the broker's CPU per record grows as its partitions fill: at
+/// 85,000 records/s with nothing else running it took 0.29 cores in the
+/// first second of the input-path step and 0.97 in its last. The tail
+/// then grows through a step on two shared cores, and quarter by quarter
+/// shows how much of that is the broker's.
+struct Quarters {
+    /// The window's first event time (ms since the epoch) and length.
+    start_ms: i64,
+    span_ms: i64,
+    procs: Vec<(&'static str, u32)>,
+    ticks: f64,
+    /// The quarter being measured; `None` before the window opens.
+    busy: Option<Busy>,
+    /// One report per quarter measured.
+    cores: Vec<String>,
+}
+
+impl Quarters {
+    fn new(start_ms: i64, secs: u64, procs: Vec<(&'static str, u32)>, ticks: f64) -> Self {
+        Quarters { start_ms, span_ms: (secs as i64 * 1000).max(4), procs, ticks, busy: None, cores: Vec::new() }
+    }
+
+    /// The quarter of event time `at_ms` (those outside go to the nearest).
+    fn of(&self, at_ms: i64) -> usize {
+        ((at_ms - self.start_ms).max(0) * 4 / self.span_ms).min(3) as usize
+    }
+
+    /// Called often while the step runs: closes the quarters that ended.
+    fn tick(&mut self) {
+        let now = reconciler::clock::now_ms();
+        if now < self.start_ms {
+            return;
+        }
+        let Some(busy) = &self.busy else {
+            self.busy = Some(Busy::start(&self.procs, self.ticks));
+            return;
+        };
+        if self.cores.len() < 3 && self.of(now) > self.cores.len() {
+            self.cores.push(busy.report());
+            self.busy = Some(Busy::start(&self.procs, self.ticks));
+        }
+    }
+
+    /// Closes the last quarter (once the step's records are all out).
+    fn finish(&mut self) {
+        if let (Some(busy), true) = (&self.busy, self.cores.len() < 4) {
+            self.cores.push(busy.report());
+        }
+        self.busy = None;
+    }
+
+    /// "p50 / p99 ms, cores" of each quarter of `timed` ((event time, latency)).
+    fn report(&self, timed: &[(i64, i64)]) -> Vec<String> {
+        let mut by: [Vec<i64>; 4] = Default::default();
+        for (at, ms) in timed {
+            by[self.of(*at)].push(*ms);
+        }
+        by.iter_mut()
+            .enumerate()
+            .map(|(q, v)| {
+                v.sort_unstable();
+                let cores = self.cores.get(q).map_or("-", String::as_str);
+                format!("p50 {} / p99 {} ms ({cores})", percentile(v, 0.50), percentile(v, 0.99))
+            })
+            .collect()
+    }
+}
+
 /// The floor under event→verdict latency on this broker, measured just
 /// before the pipeline's step: loadgen publishes the same paced workload
 /// (`args`) to a topic of its own while a bare consumer with the
@@ -504,9 +574,10 @@ fn percentile(v: &[i64], p: f64) -> i64 {
 /// its arrival (loadgen's producer, the broker, the fetch), nothing else
 /// running. What the pipeline adds is the difference. (Run beside the
 /// pipeline, a second consumer of the input slowed the pipeline's batches
-/// several times over on two cores.) Returns the sorted latencies, and the
-/// cores the broker and the harness kept busy while they were published.
-fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> (Vec<i64>, String) {
+/// several times over on two cores.) Returns the sorted latencies, the
+/// cores the broker and the harness kept busy while they were published,
+/// and each quarter's latencies and cores.
+fn input_floor(cfg: &Config, partitions: i32, mut args: Workload, secs: u64) -> (Vec<i64>, String, Vec<String>) {
     let mut cfg = cfg.clone();
     cfg.topics.events = format!("{}.floor", cfg.topics.events);
     admin::ensure_topics(&cfg.kafka, &[cfg.topics.events.as_str()], partitions, 1).unwrap();
@@ -527,28 +598,35 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload) -> (Vec<i64>, 
     let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
     let busy = Busy::start(&sharing_cores(&cfg, None), clock_ticks());
+    let mut quarters = Quarters::new(run_start, secs, sharing_cores(&cfg, None), clock_ticks());
     let (publisher, done) = publish_paced(cfg, opts);
     let mut busy_report = None;
     use rdkafka::Message;
     let codec = Codec::new();
-    let mut lat = Vec::new();
+    // (event time, latency) of each event.
+    let mut timed = Vec::new();
     let mut last = Instant::now();
     while !done.load(Ordering::SeqCst) || last.elapsed() < Duration::from_secs(3) {
         if done.load(Ordering::SeqCst) {
             busy_report.get_or_insert_with(|| busy.report());
+            quarters.finish();
+        } else {
+            quarters.tick();
         }
         let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else { continue };
         let now = reconciler::clock::now_ms();
         last = Instant::now();
         if let Some(ev) = m.payload().and_then(|b| codec.decode_event(b).ok()) {
             if ev.occurred_at >= run_start && ev.occurred_at <= now {
-                lat.push(now - ev.occurred_at);
+                timed.push((ev.occurred_at, now - ev.occurred_at));
             }
         }
     }
     publisher.join().unwrap();
+    let by_quarter = quarters.report(&timed);
+    let mut lat: Vec<i64> = timed.into_iter().map(|(_, ms)| ms).collect();
     lat.sort_unstable();
-    (lat, busy_report.unwrap_or_else(|| busy.report()))
+    (lat, busy_report.unwrap_or_else(|| busy.report()), by_quarter)
 }
 
 /// The broker (when `scripts/broker.sh` started it), the pipeline (when
@@ -582,7 +660,8 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     };
     let per_unit = loadgen::records_per_unit(&args.options(&cfg, 0).unwrap());
     let operations = (rate * secs as f64 / per_unit) as u64;
-    let (floor, floor_busy) = input_floor(&cfg, partitions, Workload { operations, ..args.clone() });
+    let (floor, floor_busy, floor_quarters) =
+        input_floor(&cfg, partitions, Workload { operations, ..args.clone() }, secs);
     let mut child = spawn_logged(&file, &["run"], &log);
     // Warm-up: the pipeline has joined its group once these are judged.
     let warm = args.options(&cfg, reconciler::clock::now_ms()).unwrap();
@@ -601,11 +680,14 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     let opts = args.options(&cfg, reconciler::clock::now_ms() + PUBLISH_LEAD.as_millis() as i64).unwrap();
     let run_start = opts.start_ms;
     let busy = Busy::start(&sharing_cores(&cfg, Some(child.id())), clock_ticks());
+    let mut quarters = Quarters::new(run_start, secs, sharing_cores(&cfg, Some(child.id())), clock_ticks());
     let mut busy_report = None;
     let (publisher, done) = publish_paced(cfg.clone(), opts);
     let codec = Codec::new();
-    // (when produced, latency) of each verdict.
+    // (when produced, latency) of each verdict, and (event time, latency)
+    // for the quarters.
     let mut timed: Vec<(i64, i64)> = Vec::new();
+    let mut by_event_time: Vec<(i64, i64)> = Vec::new();
     let mut seen = skip;
     let mut quiet_since: Option<Instant> = None;
     let ticks = clock_ticks();
@@ -622,15 +704,20 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
             let produced = r.timestamp.unwrap_or(now);
             if v.decided_at >= run_start && !v.trigger_event_id.starts_with("deadline:") && v.decided_at <= produced {
                 timed.push((produced, produced - v.decided_at));
+                by_event_time.push((v.decided_at, produced - v.decided_at));
             }
         }
         seen = reader.records.len();
+        if !done.load(Ordering::SeqCst) {
+            quarters.tick();
+        }
         if let Some(s) = sample(child.id(), ticks) {
             proc = s;
         }
         if done.load(Ordering::SeqCst) {
             // Over the paced window, not the quiet seconds after it.
             busy_report.get_or_insert_with(|| busy.report());
+            quarters.finish();
             let q = *quiet_since.get_or_insert_with(Instant::now);
             if q.elapsed() > Duration::from_secs(3) {
                 break;
@@ -672,6 +759,9 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
         "latency:     busy while published: input path alone {floor_busy}; pipeline step {}",
         busy_report.unwrap_or_else(|| busy.report())
     );
+    for (q, (input, pipeline)) in floor_quarters.iter().zip(quarters.report(&by_event_time)).enumerate() {
+        println!("latency:     quarter {} of the step: input path alone {input}; pipeline {pipeline}", q + 1);
+    }
     println!("latency:     the pipeline's log: {}", log.display());
     // Its state directory (about 0.5 GB), like the main run's.
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(prefix));
