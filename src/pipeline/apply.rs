@@ -84,13 +84,6 @@ struct OpSlot {
     timeline: TimelineHead,
 }
 
-impl OpSlot {
-    /// The slot of an operation read from the store.
-    fn of((state, timeline): (Option<OperationState>, TimelineHead)) -> Self {
-        OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline }
-    }
-}
-
 /// A batch's operations or entities by `(partition, id)`. Kept in the
 /// order they were loaded, which is key order (see
 /// [`Applier::decode_and_load`]) but for the operations a request
@@ -160,22 +153,16 @@ fn plan_lanes(records: &[Record], next: &BTreeMap<i32, i64>, lanes: usize) -> (u
 
 impl<'a> Applier<'a> {
     /// The operation `operation_id` of partition `p` during a batch: from
-    /// the batch's own map, else from those read ahead for it (moved into
-    /// the batch's map), else loaded from the store.
+    /// the batch's own map, else loaded from the store.
     fn slot<'m>(
         &self,
         ops: &'m mut Slots<OpSlot>,
-        ahead: &mut Slots<OpSlot>,
         p: i32,
         operation_id: &str,
-        stats: &mut Stats,
     ) -> Result<&'m mut OpSlot, PipelineError> {
-        slot_or_load(ops, p, operation_id, || match ahead.swap_remove(&Key(p, operation_id)) {
-            Some(slot) => Ok(slot),
-            None => {
-                stats.ops_read_singly += 1;
-                Ok(OpSlot::of(self.store.load_op(p, operation_id)?))
-            }
+        slot_or_load(ops, p, operation_id, || {
+            let (state, timeline) = self.store.load_op(p, operation_id)?;
+            Ok(OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline })
         })
     }
 
@@ -184,14 +171,13 @@ impl<'a> Applier<'a> {
     /// below its next offset; this is the one place that rule is decided)
     /// and loads the operations and entities they name into `ops` and
     /// `entities`, in one batched store read each rather than one read per
-    /// key as the records come. The operations a request may supersede are
-    /// read ahead into `ahead` (see [`Applier::read_ahead`]).
+    /// key as the records come (the operations a request supersedes are
+    /// still read one by one: they are rare).
     fn decode_and_load(
         &self,
         records: &[&Record],
         next: &BTreeMap<i32, i64>,
         ops: &mut Slots<OpSlot>,
-        ahead: &mut Slots<OpSlot>,
         entities: &mut Slots<EntityState>,
     ) -> Result<Vec<Option<Result<Event, DecodeError>>>, PipelineError> {
         let mut expected = next.clone();
@@ -219,8 +205,9 @@ impl<'a> Applier<'a> {
         let mut op_ids: Vec<_> = op_ids.into_iter().collect();
         op_ids.sort_unstable();
         ops.reserve(op_ids.len());
-        for ((p, id), loaded) in op_ids.iter().zip(self.store.load_ops(&op_ids)?) {
-            ops.insert((*p, (*id).to_owned()), OpSlot::of(loaded));
+        for ((p, id), (state, timeline)) in op_ids.iter().zip(self.store.load_ops(&op_ids)?) {
+            let slot = OpSlot { timer_before: state.as_ref().and_then(|s| s.timer_at), state, timeline };
+            ops.insert((*p, (*id).to_owned()), slot);
         }
         let mut entity_ids: Vec<_> = entity_ids.into_iter().collect();
         entity_ids.sort_unstable();
@@ -228,52 +215,7 @@ impl<'a> Applier<'a> {
         for ((p, id), e) in entity_ids.iter().zip(self.store.get_entities(&entity_ids)?) {
             entities.insert((*p, (*id).to_owned()), e);
         }
-        self.read_ahead(records, &decoded, ops, ahead, entities)?;
         Ok(decoded)
-    }
-
-    /// Reads into `ahead`, in one batched read, the operations a request
-    /// of the batch may supersede (SPEC §11; the candidates of
-    /// `core::detect::superseded`): the open operations of its entity, of its type and
-    /// destination, with a version, not in the batch already. Read one by
-    /// one as the requests came, they were 5 % of the run loop in the
-    /// end-to-end bench, where a request often finds its entity's previous
-    /// operation still open. Kept apart from `ops`: one not superseded
-    /// after all is not written back.
-    fn read_ahead(
-        &self,
-        records: &[&Record],
-        decoded: &[Option<Result<Event, DecodeError>>],
-        ops: &Slots<OpSlot>,
-        ahead: &mut Slots<OpSlot>,
-        entities: &Slots<EntityState>,
-    ) -> Result<(), PipelineError> {
-        let mut wanted: Vec<(i32, &str)> = Vec::new();
-        for (r, ev) in records.iter().zip(decoded) {
-            let Some(Ok(ev)) = ev else { continue };
-            let core::Body::Requested(req) = &ev.body else { continue };
-            let Some(entity) = entities.get(&Key(r.partition, &ev.entity_id)) else { continue };
-            if req.expected_version.is_none() {
-                continue;
-            }
-            let candidates = entity.open.iter().filter(|o| {
-                o.expected_version.is_some()
-                    && o.operation_type == ev.operation_type
-                    && o.destination == req.destination
-                    && !ops.contains_key(&Key(r.partition, &o.operation_id))
-            });
-            wanted.extend(candidates.map(|o| (r.partition, o.operation_id.as_str())));
-        }
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        wanted.sort_unstable();
-        wanted.dedup();
-        ahead.reserve(wanted.len());
-        for ((p, id), loaded) in wanted.iter().zip(self.store.load_ops(&wanted)?) {
-            ahead.insert((*p, (*id).to_owned()), OpSlot::of(loaded));
-        }
-        Ok(())
     }
 
     /// Counts, logs and (unless `silent` or discarding) stores for
@@ -390,10 +332,9 @@ impl<'a> Applier<'a> {
         stats: &mut Stats,
     ) -> Result<Applied, PipelineError> {
         let mut ops: Slots<OpSlot> = Slots::default();
-        let mut ahead: Slots<OpSlot> = Slots::default();
         let mut entities: Slots<EntityState> = Slots::default();
         let records: Vec<&Record> = records.collect();
-        let decoded = self.decode_and_load(&records, next, &mut ops, &mut ahead, &mut entities)?;
+        let decoded = self.decode_and_load(&records, next, &mut ops, &mut entities)?;
         let mut batch = Batch::with_capacity(records.len());
         let mut applied = Applied::default();
         let mut outputs = Vec::new();
@@ -429,7 +370,7 @@ impl<'a> Applier<'a> {
                 applied.deadlines.push((ev.operation_id.clone(), *deadline));
             }
             let p = r.partition;
-            let op = self.slot(&mut ops, &mut ahead, p, &ev.operation_id, stats)?;
+            let op = self.slot(&mut ops, p, &ev.operation_id)?;
             let slot = &mut op.state;
             let entity =
                 slot_or_load(&mut entities, p, &ev.entity_id, || Ok(self.store.get_entity(p, &ev.entity_id)?))?;
@@ -461,7 +402,7 @@ impl<'a> Applier<'a> {
             // The operations its request replaced (SPEC §11), each noted in
             // its own timeline.
             for s in &step.supersede {
-                let older = self.slot(&mut ops, &mut ahead, p, &s.operation_id, stats)?;
+                let older = self.slot(&mut ops, p, &s.operation_id)?;
                 let changed = core::supersede(self.policy, &mut older.state, entity, s, &mut outputs);
                 if let (true, Some(op)) = (changed, older.state.as_ref()) {
                     let closed = op.status.is_terminal();

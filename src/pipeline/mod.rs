@@ -142,10 +142,6 @@ pub struct Stats {
     pub fenced: u64,
     /// Transactions aborted (`exactly_once`): their batches were consumed again.
     pub aborted: u64,
-    /// Operations read from the store one at a time during a batch, outside
-    /// its batched reads (an operation superseded that the read-ahead
-    /// missed; see `Applier::read_ahead`): none, unless that misses one.
-    pub ops_read_singly: u64,
 }
 
 impl Stats {
@@ -163,7 +159,6 @@ impl Stats {
             restored,
             fenced,
             aborted,
-            ops_read_singly,
         } = other;
         self.records += records;
         for (k, n) in by_disposition {
@@ -180,7 +175,6 @@ impl Stats {
         self.restored += restored;
         self.fenced += fenced;
         self.aborted += aborted;
-        self.ops_read_singly += ops_read_singly;
     }
 }
 
