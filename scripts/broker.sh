@@ -7,7 +7,7 @@
 #   scripts/broker.sh start [sqlite|memory|noida|scram]   start on 127.0.0.1:$BROKER_PORT in a fresh directory
 #   scripts/broker.sh stop               stop the broker started by `start`, removing its data
 #   scripts/broker.sh kill               kill -9 it, keeping its data (reliability tests)
-#   scripts/broker.sh restart            start it again on the data of the last `start`
+#   scripts/broker.sh restart            start it again on the data a `kill` kept
 #
 # tansu sqlite (default) survives broker kill -9; tansu memory is ~10x
 # faster but is only right for throughput runs from offset 0. noida
@@ -102,7 +102,7 @@ launch() {
         wait_port "$dir"
         tansu user create --broker "tcp://127.0.0.1:$PORT" --mechanism scram256 \
           "${BROKER_SCRAM_USER:-reconciler}" "${BROKER_SCRAM_PASSWORD:-reconciler-scram-secret}"
-        stop >/dev/null
+        stop_process >/dev/null
         touch "$dir/.scram-user"
         echo "$engine $dir" > "$DIR_FILE"
       fi ;;
@@ -174,7 +174,8 @@ restart() {
   launch "$engine" "$dir"
 }
 
-stop() {
+# Stops the broker process, keeping its data.
+stop_process() {
   if [ -f "$PID_FILE" ]; then
     local pid
     pid=$(cat "$PID_FILE")
@@ -185,6 +186,10 @@ stop() {
     rm -f "$PID_FILE"
     echo "broker stopped"
   fi
+}
+
+stop() {
+  stop_process
   # Its data goes too: the next `start` takes a fresh directory, and only
   # `kill` + `restart` reuse one. (Kept, they filled .run with a directory
   # per test run: 476 of them, 3.1 GB, on one development machine.)
