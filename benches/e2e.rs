@@ -551,10 +551,10 @@ impl Quarters {
     }
 
     /// "p50 / p99 ms, cores" of each quarter of `timed` ((event time, latency)).
-    fn report(&self, timed: &[(i64, i64)]) -> Vec<String> {
+    fn report(&self, timed: impl IntoIterator<Item = (i64, i64)>) -> Vec<String> {
         let mut by: [Vec<i64>; 4] = Default::default();
         for (at, ms) in timed {
-            by[self.of(*at)].push(*ms);
+            by[self.of(at)].push(ms);
         }
         by.iter_mut()
             .enumerate()
@@ -623,7 +623,7 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload, secs: u64) -> 
         }
     }
     publisher.join().unwrap();
-    let by_quarter = quarters.report(&timed);
+    let by_quarter = quarters.report(timed.iter().copied());
     let mut lat: Vec<i64> = timed.into_iter().map(|(_, ms)| ms).collect();
     lat.sort_unstable();
     (lat, busy_report.unwrap_or_else(|| busy.report()), by_quarter)
@@ -684,10 +684,8 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
     let mut busy_report = None;
     let (publisher, done) = publish_paced(cfg.clone(), opts);
     let codec = Codec::new();
-    // (when produced, latency) of each verdict, and (event time, latency)
-    // for the quarters.
+    // (when produced, latency) of each verdict.
     let mut timed: Vec<(i64, i64)> = Vec::new();
-    let mut by_event_time: Vec<(i64, i64)> = Vec::new();
     let mut seen = skip;
     let mut quiet_since: Option<Instant> = None;
     let ticks = clock_ticks();
@@ -704,7 +702,6 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
             let produced = r.timestamp.unwrap_or(now);
             if v.decided_at >= run_start && !v.trigger_event_id.starts_with("deadline:") && v.decided_at <= produced {
                 timed.push((produced, produced - v.decided_at));
-                by_event_time.push((v.decided_at, produced - v.decided_at));
             }
         }
         seen = reader.records.len();
@@ -759,7 +756,9 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
         "latency:     busy while published: input path alone {floor_busy}; pipeline step {}",
         busy_report.unwrap_or_else(|| busy.report())
     );
-    for (q, (input, pipeline)) in floor_quarters.iter().zip(quarters.report(&by_event_time)).enumerate() {
+    // By event time (a verdict's decided_at, its trigger's), as the input path's.
+    let by_event_time = timed.iter().map(|(produced, ms)| (produced - ms, *ms));
+    for (q, (input, pipeline)) in floor_quarters.iter().zip(quarters.report(by_event_time)).enumerate() {
         println!("latency:     quarter {} of the step: input path alone {input}; pipeline {pipeline}", q + 1);
     }
     println!("latency:     the pipeline's log: {}", log.display());
