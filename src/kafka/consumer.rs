@@ -8,16 +8,20 @@
 //! committed offsets to restore a moved partition silently.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError::ClientCreation;
 use rdkafka::error::KafkaResult;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset};
 use tracing::{info, warn};
 
+use super::batch_queue::{self, BatchQueue};
 use super::{client_config, KafkaError, CONSUMER_DEFAULTS};
 use crate::records::Record;
 
@@ -76,15 +80,30 @@ pub type RevokeHook = Box<dyn FnMut() -> Option<BTreeMap<i32, i64>> + Send>;
 pub struct GroupContext {
     start_offsets: StartOffsets,
     topic: String,
+    /// The topic as librdkafka takes it, for forwarding its partitions.
+    topic_c: CString,
     /// The facts the run loop reads.
     pub assignment: Arc<Mutex<Assignment>>,
     revoke_hook: Mutex<Option<RevokeHook>>,
+    /// Where assigned partitions' records are forwarded (set once the
+    /// client exists; owned by the [`GroupConsumer`], which drops it before
+    /// the client).
+    records: OnceLock<Weak<BatchQueue>>,
+    /// Rebalances and commit results served: a poll of the consumer's queue
+    /// that served one returns nothing, like a poll of an empty queue, and
+    /// this tells the two apart.
+    events: AtomicU64,
 }
 
 impl ClientContext for GroupContext {}
 
 impl ConsumerContext for GroupContext {
+    fn commit_callback(&self, _result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        self.events.fetch_add(1, Ordering::Relaxed);
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
@@ -128,8 +147,18 @@ impl ConsumerContext for GroupContext {
                     a.assigned.insert(p, Assigned { start, committed });
                     info!(partition = p, next_offset = ?start, committed = ?committed, "Partition assigned");
                 }
+                // Forwarded before the assignment, so that their fetch
+                // starts into the batch queue, and again after it, in case
+                // the previous assignment's fetch stop (which clears a
+                // forwarding) came between.
+                if let Err(why) = self.forward(consumer, &partitions) {
+                    a.fatal = Some(why);
+                    return;
+                }
                 if let Err(e) = consumer.assign(tpl) {
                     a.fatal = Some(format!("assigning partitions: {e}"));
+                } else if let Err(why) = self.forward(consumer, &partitions) {
+                    a.fatal = Some(why);
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
@@ -171,6 +200,21 @@ impl ConsumerContext for GroupContext {
 }
 
 impl GroupContext {
+    /// Forwards `partitions` to the batch queue.
+    fn forward(&self, consumer: &BaseConsumer<Self>, partitions: &[i32]) -> Result<(), String> {
+        // Gone only while the consumer is being dropped (nothing is read then).
+        let Some(queue) = self.records.get().and_then(Weak::upgrade) else { return Ok(()) };
+        let rk = consumer.client().native_ptr();
+        for &p in partitions {
+            // SAFETY: `rk` is the live client the queue was made for (it
+            // is calling back into this context).
+            if !unsafe { queue.forward(rk, &self.topic_c, p) } {
+                return Err(format!("forwarding partition {p} of {} to the batch queue", self.topic));
+            }
+        }
+        Ok(())
+    }
+
     /// The group's committed offsets of `partitions` (those it has). An
     /// error leaves them out: the pipeline then restores nothing silently
     /// and only repeats byte-identical outputs (its restore rule).
@@ -229,8 +273,16 @@ pub(super) fn offsets_list(topic: &str, offsets: &BTreeMap<i32, i64>) -> TopicPa
     tpl
 }
 
+/// Longest a wait for records goes without serving the consumer's own
+/// queue (rebalances, commit results).
+const EVENTS_SLICE: Duration = Duration::from_millis(10);
+
 /// A subscribed consumer that hands out batches of owned records.
 pub struct GroupConsumer {
+    /// The assigned partitions' records (see [`batch_queue`]). Declared
+    /// before the consumer: fields drop in order, and the queue must go
+    /// before the client does.
+    records: Arc<BatchQueue>,
     consumer: BaseConsumer<GroupContext>,
     /// The one topic it subscribes to, shared by every record it hands out.
     topic: Arc<str>,
@@ -253,11 +305,17 @@ impl GroupConsumer {
         start_offsets: StartOffsets,
     ) -> Result<Self, KafkaError> {
         let assignment = Arc::new(Mutex::new(Assignment::default()));
+        let creation = |why: String| KafkaError::client("creating the consumer")(ClientCreation(why));
+        let topic_c =
+            batch_queue::c_topic(topic).ok_or_else(|| creation(format!("topic name {topic:?} holds a NUL")))?;
         let ctx = GroupContext {
             start_offsets,
             topic: topic.to_owned(),
+            topic_c,
             assignment: assignment.clone(),
             revoke_hook: Mutex::new(None),
+            records: OnceLock::new(),
+            events: AtomicU64::new(0),
         };
         let consumer: BaseConsumer<GroupContext> = client_config(
             &CONSUMER_DEFAULTS,
@@ -277,8 +335,15 @@ impl GroupConsumer {
         )
         .create_with_context(ctx)
         .map_err(KafkaError::client("creating the consumer"))?;
+        // SAFETY: the client is live, and the queue is dropped before it
+        // (field order of `GroupConsumer`).
+        let records = unsafe { BatchQueue::new(consumer.client().native_ptr()) }
+            .map(Arc::new)
+            .ok_or_else(|| creation("librdkafka refused a queue for the consumer's records".into()))?;
+        // Before subscribing: no rebalance can come earlier.
+        let _ = consumer.context().records.set(Arc::downgrade(&records));
         consumer.subscribe(&[topic]).map_err(KafkaError::client(format!("subscribing to {topic}")))?;
-        Ok(GroupConsumer { consumer, topic: Arc::from(topic), assignment })
+        Ok(GroupConsumer { records, consumer, topic: Arc::from(topic), assignment })
     }
 
     /// Up to `max` records, waiting at most `wait` for the first and then
@@ -290,18 +355,21 @@ impl GroupConsumer {
         // again at each doubling), within reason for huge `max`es.
         let mut out = Vec::with_capacity(max.min(8192));
         let until = Instant::now() + wait;
-        while out.len() < max {
-            // Read the clock only while waiting for the first record: clock
-            // reads showed up in profiles at one per record.
-            let left = if out.is_empty() { until.saturating_duration_since(Instant::now()) } else { Duration::ZERO };
-            match self.consumer.poll(left) {
-                Some(Ok(m)) => out.push(Record::of_topic(&m, self.topic.clone())),
-                Some(Err(e)) => warn!(error = %e, "Consumer error"),
-                None => {
-                    if !out.is_empty() || left.is_zero() {
-                        break;
-                    }
-                }
+        loop {
+            self.serve_events(&mut out);
+            let room = max.saturating_sub(out.len());
+            self.records.take(&mut out, room, Duration::ZERO, &self.topic);
+            let left = until.saturating_duration_since(Instant::now());
+            if !out.is_empty() || left.is_zero() {
+                break;
+            }
+            // Wait for the first record a slice at a time, serving the
+            // consumer's queue between slices: a rebalance (the first
+            // assignment, at start-up) waits at most one slice.
+            if self.records.take(&mut out, 1, left.min(EVENTS_SLICE), &self.topic) > 0 {
+                let room = max.saturating_sub(out.len());
+                self.records.take(&mut out, room, Duration::ZERO, &self.topic);
+                break;
             }
         }
         let mut a = self.assignment.lock().expect("not poisoned");
@@ -315,6 +383,24 @@ impl GroupConsumer {
             a.revoked.clear();
         }
         Ok((out, revoked))
+    }
+
+    /// Serves the consumer's own queue until it is empty: rebalances (the
+    /// context's callback), commit results, errors, and any record that
+    /// reached it before its partition was forwarded (appended to `out`
+    /// ahead of the batch queue's, which come after them in their
+    /// partition).
+    fn serve_events(&self, out: &mut Vec<Record>) {
+        let events = &self.consumer.context().events;
+        loop {
+            let served = events.load(Ordering::Relaxed);
+            match self.consumer.poll(Duration::ZERO) {
+                Some(Ok(m)) => out.push(Record::of_topic(&m, self.topic.clone())),
+                Some(Err(e)) => warn!(error = %e, "Consumer error"),
+                None if events.load(Ordering::Relaxed) == served => return,
+                None => {}
+            }
+        }
     }
 
     /// Sets what runs before revoked partitions are released (see [`RevokeHook`]).

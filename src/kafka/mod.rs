@@ -3,6 +3,7 @@
 //! the Kafka protocol through librdkafka and nothing else.
 
 pub mod admin;
+pub mod batch_queue;
 pub mod connect;
 pub mod consumer;
 pub mod keyed;

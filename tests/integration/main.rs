@@ -14,6 +14,7 @@ mod common;
 
 mod broker_gaps;
 mod changelog;
+mod consumer;
 mod demo;
 mod deploy;
 mod exactly_once;
