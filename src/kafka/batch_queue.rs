@@ -71,8 +71,19 @@ impl BatchQueue {
     /// Appends to `out` up to `max` records, waiting at most `wait` for the
     /// first (none: only those already fetched), each tagged with `topic`;
     /// returns how many it appended. A consumer error in their place is
-    /// logged and skipped.
-    pub fn take(&self, out: &mut Vec<Record>, max: usize, wait: Duration, topic: &Arc<str>) -> usize {
+    /// logged and skipped, and its partition and offset added to `errors`:
+    /// the batch read moves a partition's position past every message it
+    /// hands out, an error too, and a partition's error carries the offset
+    /// of the record it could not fetch (see [`super::consumer`]'s
+    /// positions).
+    pub fn take(
+        &self,
+        out: &mut Vec<Record>,
+        max: usize,
+        wait: Duration,
+        topic: &Arc<str>,
+        errors: &mut Vec<(i32, i64)>,
+    ) -> usize {
         /// Most messages taken in one call (the array lives on the stack).
         const CHUNK: usize = 512;
         let mut messages = [std::ptr::null_mut::<rd::rd_kafka_message_t>(); CHUNK];
@@ -90,12 +101,15 @@ impl BatchQueue {
                 // SAFETY: each pointer was just handed out by librdkafka and
                 // is destroyed once, right after it is copied.
                 unsafe {
-                    match record_of(&*m, topic) {
+                    match record_of(m, topic) {
                         Ok(r) => {
                             out.push(r);
                             appended += 1;
                         }
-                        Err(e) => warn!(error = %e, "Consumer error"),
+                        Err(e) => {
+                            warn!(partition = (*m).partition, offset = (*m).offset, error = %e, "Consumer error");
+                            errors.push(((*m).partition, (*m).offset));
+                        }
                     }
                     rd::rd_kafka_message_destroy(m);
                 }
@@ -123,10 +137,15 @@ impl Drop for BatchQueue {
 /// consumer error delivered in a message's place).
 ///
 /// # Safety
-/// `m` must be a live message from librdkafka.
-unsafe fn record_of(m: &rd::rd_kafka_message_t, topic: &Arc<str>) -> Result<Record, rdkafka::error::RDKafkaErrorCode> {
-    if m.err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-        return Err(m.err.into());
+/// `m` must be a live message from librdkafka. It stays a raw pointer:
+/// librdkafka caches the parsed headers in the message it is given.
+unsafe fn record_of(
+    m: *mut rd::rd_kafka_message_t,
+    topic: &Arc<str>,
+) -> Result<Record, rdkafka::error::RDKafkaErrorCode> {
+    let (err, partition, offset) = ((*m).err, (*m).partition, (*m).offset);
+    if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        return Err(err.into());
     }
     let bytes = |p: *const c_void, len: usize| -> Option<Vec<u8>> {
         // SAFETY: librdkafka's key and payload pointers cover `len` bytes
@@ -139,11 +158,11 @@ unsafe fn record_of(m: &rd::rd_kafka_message_t, topic: &Arc<str>) -> Result<Reco
     let timestamp = (kind != rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && at != -1).then_some(at);
     Ok(Record {
         topic: topic.clone(),
-        partition: m.partition,
-        offset: m.offset,
+        partition,
+        offset,
         timestamp,
-        key: bytes(m.key, m.key_len),
-        value: bytes(m.payload, m.len),
+        key: bytes((*m).key, (*m).key_len),
+        value: bytes((*m).payload, (*m).len),
         headers: headers_of(m),
     })
 }
@@ -153,7 +172,7 @@ unsafe fn record_of(m: &rd::rd_kafka_message_t, topic: &Arc<str>) -> Result<Reco
 ///
 /// # Safety
 /// `m` must be a live message from librdkafka.
-unsafe fn headers_of(m: &rd::rd_kafka_message_t) -> Vec<(String, Option<Vec<u8>>)> {
+unsafe fn headers_of(m: *mut rd::rd_kafka_message_t) -> Vec<(String, Option<Vec<u8>>)> {
     let mut hdrs: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
     if rd::rd_kafka_message_headers(m, &mut hdrs) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
         || hdrs.is_null()

@@ -148,9 +148,15 @@ impl ConsumerContext for GroupContext {
                     info!(partition = p, next_offset = ?start, committed = ?committed, "Partition assigned");
                 }
                 // Forwarded before the assignment, so that their fetch
-                // starts into the batch queue, and again after it, in case
-                // the previous assignment's fetch stop (which clears a
-                // forwarding) came between.
+                // starts into the batch queue (librdkafka keeps a
+                // forwarding the application set when a fetch starts).
+                // A fetch stop clears a forwarding, and one still pending
+                // would leave its partition forwarded nowhere; with the
+                // eager protocol used here the revoke callback's unassign
+                // has stopped every partition before the group assigns
+                // again, so none is pending. Forwarded again after the
+                // assignment all the same, which covers a stop that
+                // finished meanwhile.
                 if let Err(why) = self.forward(consumer, &partitions) {
                     a.fatal = Some(why);
                     return;
@@ -273,6 +279,59 @@ pub(super) fn offsets_list(topic: &str, offsets: &BTreeMap<i32, i64>) -> TopicPa
     tpl
 }
 
+/// Partitions whose position librdkafka moved past a record not handed
+/// out yet, with that record's offset.
+///
+/// The batch read (`rd_kafka_q_serve_rkmessages`) sets a partition's
+/// position past every message it returns, a consumer error too, and the
+/// fetcher gives a partition's error the offset it was fetching. Taken as
+/// is, the position would then claim a record the member never handed out,
+/// and an idle pipeline moves its stored offsets to the position (past
+/// transaction markers: `Pipeline::skip_markers`), so the record would be
+/// skipped when the fetch retried it. (rust-rdkafka's one-message poll
+/// moved the position for records only.) Until a record at that offset or
+/// later is handed out, the position reported is capped at it.
+#[derive(Debug, Default)]
+struct ErrorHolds(BTreeMap<i32, i64>);
+
+impl ErrorHolds {
+    /// Errors seen in a batch read, as (partition, offset); an offset below
+    /// zero names no record.
+    fn errors(&mut self, errors: &[(i32, i64)]) {
+        for &(p, offset) in errors.iter().filter(|(_, o)| *o >= 0) {
+            let hold = self.0.entry(p).or_insert(offset);
+            *hold = (*hold).min(offset);
+        }
+    }
+
+    /// Records handed out: a hold ends at the first record at or past it.
+    fn handed(&mut self, records: &[Record]) {
+        if self.0.is_empty() {
+            return;
+        }
+        for r in records {
+            if self.0.get(&r.partition).is_some_and(|hold| r.offset >= *hold) {
+                self.0.remove(&r.partition);
+            }
+        }
+    }
+
+    /// Forgets the partitions not in `owned` (a new assignment starts a
+    /// fetch of its own).
+    fn keep_owned(&mut self, owned: &BTreeMap<i32, i64>) {
+        self.0.retain(|p, _| owned.contains_key(p));
+    }
+
+    /// `positions` capped at the holds.
+    fn cap(&self, positions: &mut BTreeMap<i32, i64>) {
+        for (p, hold) in &self.0 {
+            if let Some(pos) = positions.get_mut(p) {
+                *pos = (*pos).min(*hold);
+            }
+        }
+    }
+}
+
 /// Longest a wait for records goes without serving the consumer's own
 /// queue (rebalances, commit results).
 const EVENTS_SLICE: Duration = Duration::from_millis(10);
@@ -283,6 +342,8 @@ pub struct GroupConsumer {
     /// before the consumer: fields drop in order, and the queue must go
     /// before the client does.
     records: Arc<BatchQueue>,
+    /// Positions an error moved past a record (see [`ErrorHolds`]).
+    holds: Mutex<ErrorHolds>,
     consumer: BaseConsumer<GroupContext>,
     /// The one topic it subscribes to, shared by every record it hands out.
     topic: Arc<str>,
@@ -343,7 +404,7 @@ impl GroupConsumer {
         // Before subscribing: no rebalance can come earlier.
         let _ = consumer.context().records.set(Arc::downgrade(&records));
         consumer.subscribe(&[topic]).map_err(KafkaError::client(format!("subscribing to {topic}")))?;
-        Ok(GroupConsumer { records, consumer, topic: Arc::from(topic), assignment })
+        Ok(GroupConsumer { records, holds: Mutex::default(), consumer, topic: Arc::from(topic), assignment })
     }
 
     /// Up to `max` records, waiting at most `wait` for the first and then
@@ -355,10 +416,11 @@ impl GroupConsumer {
         // again at each doubling), within reason for huge `max`es.
         let mut out = Vec::with_capacity(max.min(8192));
         let until = Instant::now() + wait;
+        let mut errors = Vec::new();
         loop {
             self.serve_events(&mut out);
             let room = max.saturating_sub(out.len());
-            self.records.take(&mut out, room, Duration::ZERO, &self.topic);
+            self.records.take(&mut out, room, Duration::ZERO, &self.topic, &mut errors);
             let left = until.saturating_duration_since(Instant::now());
             if !out.is_empty() || left.is_zero() {
                 break;
@@ -366,11 +428,16 @@ impl GroupConsumer {
             // Wait for the first record a slice at a time, serving the
             // consumer's queue between slices: a rebalance (the first
             // assignment, at start-up) waits at most one slice.
-            if self.records.take(&mut out, 1, left.min(EVENTS_SLICE), &self.topic) > 0 {
+            if self.records.take(&mut out, 1, left.min(EVENTS_SLICE), &self.topic, &mut errors) > 0 {
                 let room = max.saturating_sub(out.len());
-                self.records.take(&mut out, room, Duration::ZERO, &self.topic);
+                self.records.take(&mut out, room, Duration::ZERO, &self.topic, &mut errors);
                 break;
             }
+        }
+        {
+            let mut holds = self.holds.lock().expect("not poisoned");
+            holds.errors(&errors);
+            holds.handed(&out);
         }
         let mut a = self.assignment.lock().expect("not poisoned");
         if let Some(why) = a.fatal.take() {
@@ -380,6 +447,7 @@ impl GroupConsumer {
         if revoked {
             let owned = &a.owned;
             out.retain(|r| owned.contains_key(&r.partition));
+            self.holds.lock().expect("not poisoned").keep_owned(owned);
             a.revoked.clear();
         }
         Ok((out, revoked))
@@ -469,14 +537,59 @@ impl GroupConsumer {
     /// The consumer's position in every assigned partition where it is
     /// known (one call for all, where a loop over [`Self::position`] would
     /// ask librdkafka once per partition).
+    /// Capped where an error moved a position past a record not handed
+    /// out yet (see [`ErrorHolds`]).
     pub fn positions(&self) -> BTreeMap<i32, i64> {
         let Ok(tpl) = self.consumer.position() else { return BTreeMap::new() };
-        tpl.elements_for_topic(&self.topic)
+        let mut positions: BTreeMap<i32, i64> = tpl
+            .elements_for_topic(&self.topic)
             .iter()
             .filter_map(|e| match e.offset() {
                 Offset::Offset(o) => Some((e.partition(), o)),
                 _ => None,
             })
-            .collect()
+            .collect();
+        self.holds.lock().expect("not poisoned").cap(&mut positions);
+        positions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(partition: i32, offset: i64) -> Record {
+        Record { topic: "t".into(), partition, offset, timestamp: None, key: None, value: None, headers: Vec::new() }
+    }
+
+    /// An error caps its partition's position at the record it could not
+    /// fetch until that record (or a later one) is handed out; other
+    /// partitions, offsets that name no record, and partitions no longer
+    /// owned are left alone.
+    #[test]
+    fn an_error_holds_its_partitions_position_until_the_record_comes() {
+        let mut holds = ErrorHolds::default();
+        let capped = |h: &ErrorHolds| {
+            let mut p: BTreeMap<i32, i64> = [(0, 11), (1, 21), (2, 31)].into();
+            h.cap(&mut p);
+            p
+        };
+        // librdkafka moved partition 0 to 11 past an error at 10; -1 names no record.
+        holds.errors(&[(0, 10), (1, -1)]);
+        assert_eq!(capped(&holds), [(0, 10), (1, 21), (2, 31)].into());
+        // A later error keeps the earlier hold.
+        holds.errors(&[(0, 12)]);
+        assert_eq!(capped(&holds)[&0], 10);
+        // Records of other partitions, or below the hold, keep it.
+        holds.handed(&[record(1, 21), record(0, 9)]);
+        assert_eq!(capped(&holds)[&0], 10);
+        // The record at the hold ends it.
+        holds.handed(&[record(0, 10)]);
+        assert_eq!(capped(&holds), [(0, 11), (1, 21), (2, 31)].into());
+        // A partition that left forgets its hold.
+        holds.errors(&[(2, 30)]);
+        assert_eq!(capped(&holds)[&2], 30);
+        holds.keep_owned(&[(0, 11)].into());
+        assert_eq!(capped(&holds)[&2], 31);
     }
 }

@@ -41,9 +41,15 @@ fn expected(topic: &str, p: i32, i: i64) -> Record {
     }
 }
 
-/// Produces records `from..to` of every partition, interleaved.
-fn produce(cfg: &Config, topic: &str, from: i64, to: i64) {
-    let producer: BaseProducer = reconciler::kafka::client_config(&[], &cfg.kafka, &[]).create().unwrap();
+/// An idempotent producer: a retry neither repeats nor reorders a record,
+/// which the offsets `check_all` expects rely on.
+fn producer(cfg: &Config) -> BaseProducer {
+    reconciler::kafka::client_config(&[], &cfg.kafka, &[("enable.idempotence", "true")]).create().unwrap()
+}
+
+/// Produces records `from..to` of every partition, interleaved, and waits
+/// for their acknowledgements.
+fn produce_with(producer: &BaseProducer, topic: &str, from: i64, to: i64) {
     for i in from..to {
         for p in 0..PARTITIONS {
             let r = expected(topic, p, i);
@@ -64,6 +70,11 @@ fn produce(cfg: &Config, topic: &str, from: i64, to: i64) {
         }
     }
     producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// [`produce_with`] a producer of its own.
+fn produce(cfg: &Config, topic: &str, from: i64, to: i64) {
+    produce_with(&producer(cfg), topic, from, to);
 }
 
 /// The records handed out so far, by partition, and where each partition's
@@ -153,26 +164,33 @@ fn a_member_hands_out_every_record_whole_and_in_order() {
     assert_eq!(poll(&m, &handed, 2_000), 0);
 }
 
-/// A second member joins: the group moves partitions (each member's are
-/// revoked and assigned again, forwarded again), and the records produced
-/// before and after are handed out once across the two, in order, each
-/// member starting where the records handed out so far end.
+/// A second member joins while records keep coming: the group moves
+/// partitions with records fetched but not handed out (each member's
+/// partitions are revoked, their queued records dropped, and assigned and
+/// forwarded again), and every record is handed out once across the two,
+/// in order, each member starting where the records handed out so far end.
 #[test]
 fn records_are_handed_out_once_across_a_rebalance() {
     let _serial = common::serial();
-    let (cfg, topic, handed) = setup("consumer-rebalance", 600);
+    let (cfg, topic, handed) = setup("consumer-rebalance", 300);
     let a = member(&cfg, &topic, &handed);
-    // Part of the backlog, so that partitions move with records left.
-    let until = Instant::now() + Duration::from_secs(60);
-    read_until(&[&a], &handed, 600, 100, until);
+    let until = Instant::now() + Duration::from_secs(90);
+    read_until(&[&a], &handed, 900, 100, until);
     let b = member(&cfg, &topic, &handed);
     let owned_by_both = || {
         let (oa, ob) = (a.ownership().owned(), b.ownership().owned());
         !oa.is_empty() && !ob.is_empty() && oa.is_disjoint(&ob) && oa.len() + ob.len() == PARTITIONS as usize
     };
+    // Until the group has split the partitions: ten more records of each
+    // partition per round, read a few at a time, so that every partition
+    // has records in flight when it is revoked.
+    let feed = producer(&cfg);
+    let mut produced = 300;
     while !owned_by_both() && Instant::now() < until {
-        poll(&a, &handed, 100);
-        poll(&b, &handed, 100);
+        produce_with(&feed, &topic, produced, produced + 10);
+        produced += 10;
+        poll(&a, &handed, 5);
+        poll(&b, &handed, 5);
     }
     assert!(
         owned_by_both(),
@@ -180,8 +198,13 @@ fn records_are_handed_out_once_across_a_rebalance() {
         a.ownership().owned(),
         b.ownership().owned()
     );
-    produce(&cfg, &topic, 600, 900);
-    read_until(&[&a, &b], &handed, 2_700, 100, until);
-    check_all(&handed.lock().unwrap(), &topic, 900);
+    assert!(
+        handed.lock().unwrap().total() < produced as usize * PARTITIONS as usize,
+        "records were left to hand out when the partitions moved"
+    );
+    produce_with(&feed, &topic, produced, produced + 100);
+    produced += 100;
+    read_until(&[&a, &b], &handed, produced as usize * PARTITIONS as usize, 100, until);
+    check_all(&handed.lock().unwrap(), &topic, produced);
     assert_eq!(poll(&a, &handed, 2_000) + poll(&b, &handed, 2_000), 0, "nothing twice");
 }
