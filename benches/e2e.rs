@@ -37,8 +37,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -479,24 +478,27 @@ const PUBLISH_LEAD: Duration = Duration::from_secs(2);
 /// The paced publisher's thread, and how it says it is done.
 struct Paced {
     thread: std::thread::JoinHandle<(loadgen::Published, loadgen::truth::GroundTruth)>,
-    /// Set once everything is acknowledged.
-    done: Arc<AtomicBool>,
-    /// Disconnected at the same moment, for a wait that wakes at once.
+    /// Disconnected once everything is acknowledged: polled, or waited on
+    /// with a wait that wakes at once.
     finished: mpsc::Receiver<()>,
+}
+
+impl Paced {
+    /// Whether everything is published and acknowledged.
+    fn done(&self) -> bool {
+        matches!(self.finished.try_recv(), Err(mpsc::TryRecvError::Disconnected))
+    }
 }
 
 /// Publishes the workload `opts` paced, on a thread of its own.
 fn publish_paced(cfg: Config, opts: Options) -> Paced {
-    let done = Arc::new(AtomicBool::new(false));
-    let flag = done.clone();
     let (tx, finished) = mpsc::channel::<()>();
     let thread = std::thread::spawn(move || {
         let r = loadgen::publish(&cfg, Generator::new(opts), true, false);
-        flag.store(true, Ordering::SeqCst);
         drop(tx);
         r.unwrap()
     });
-    Paced { thread, done, finished }
+    Paced { thread, finished }
 }
 
 /// The `p` quantile of sorted `v` (-1 when empty).
@@ -606,15 +608,15 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload, secs: u64) -> 
     let run_start = opts.start_ms;
     let busy = Busy::start(&sharing_cores(&cfg, None), clock_ticks());
     let mut quarters = Quarters::new(run_start, secs, sharing_cores(&cfg, None), clock_ticks());
-    let Paced { thread: publisher, done, .. } = publish_paced(cfg, opts);
+    let paced = publish_paced(cfg, opts);
     let mut busy_report = None;
     use rdkafka::Message;
     let codec = Codec::new();
     // (event time, latency) of each event.
     let mut timed = Vec::new();
     let mut last = Instant::now();
-    while !done.load(Ordering::SeqCst) || last.elapsed() < Duration::from_secs(3) {
-        if done.load(Ordering::SeqCst) {
+    while !paced.done() || last.elapsed() < Duration::from_secs(3) {
+        if paced.done() {
             busy_report.get_or_insert_with(|| busy.report());
             quarters.finish();
         } else {
@@ -629,7 +631,7 @@ fn input_floor(cfg: &Config, partitions: i32, mut args: Workload, secs: u64) -> 
             }
         }
     }
-    publisher.join().unwrap();
+    paced.thread.join().unwrap();
     let by_quarter = quarters.report(timed.iter().copied());
     let mut lat: Vec<i64> = timed.into_iter().map(|(_, ms)| ms).collect();
     lat.sort_unstable();
@@ -740,8 +742,7 @@ fn latency(brokers: &str, partitions: i32, prefix: &str, rate: f64, secs: u64) -
             timed.push((produced, produced - v.decided_at));
         }
     }
-    let publisher = paced.thread;
-    let published = publisher.join().unwrap().0;
+    let published = paced.thread.join().unwrap().0;
     stop(&mut child);
     if let Ok(path) = std::env::var("E2E_LATENCY_DUMP") {
         // One line per verdict: when it was produced (ms since the epoch)

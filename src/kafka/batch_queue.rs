@@ -19,7 +19,7 @@
 //! The only unsafe code of the Kafka adapter is here: librdkafka's queue
 //! and message calls, each with the invariant it relies on.
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CStr};
 use std::os::raw::c_char;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -147,11 +147,6 @@ unsafe fn record_of(
     if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
         return Err(err.into());
     }
-    let bytes = |p: *const c_void, len: usize| -> Option<Vec<u8>> {
-        // SAFETY: librdkafka's key and payload pointers cover `len` bytes
-        // while the message lives.
-        (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }.to_vec())
-    };
     let mut kind = rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
     let at = rd::rd_kafka_message_timestamp(m, &mut kind);
     // As rust-rdkafka reads it: none when the type says so or the time is -1.
@@ -161,8 +156,8 @@ unsafe fn record_of(
         partition,
         offset,
         timestamp,
-        key: bytes((*m).key, (*m).key_len),
-        value: bytes((*m).payload, (*m).len),
+        key: copied((*m).key, (*m).key_len),
+        value: copied((*m).payload, (*m).len),
         headers: headers_of(m),
     })
 }
@@ -189,14 +184,16 @@ unsafe fn headers_of(m: *mut rd::rd_kafka_message_t) -> Vec<(String, Option<Vec<
             break;
         }
         let name = CStr::from_ptr(name).to_string_lossy().into_owned();
-        let value = (!value.is_null()).then(|| std::slice::from_raw_parts(value.cast::<u8>(), size).to_vec());
-        out.push((name, value));
+        out.push((name, copied(value, size)));
     }
     out
 }
 
-/// `topic` as a C string for [`BatchQueue::forward`] (`None`: it holds a
-/// NUL, which no Kafka topic name does).
-pub fn c_topic(topic: &str) -> Option<CString> {
-    CString::new(topic).ok()
+/// The `len` bytes at `p` copied, or `None` for a null pointer (librdkafka's
+/// null key, value or header value).
+///
+/// # Safety
+/// A non-null `p` must point to `len` bytes of a live message.
+unsafe fn copied(p: *const c_void, len: usize) -> Option<Vec<u8>> {
+    (!p.is_null()).then(|| std::slice::from_raw_parts(p.cast::<u8>(), len).to_vec())
 }

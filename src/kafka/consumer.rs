@@ -21,7 +21,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset};
 use tracing::{info, warn};
 
-use super::batch_queue::{self, BatchQueue};
+use super::batch_queue::BatchQueue;
 use super::{client_config, KafkaError, CONSUMER_DEFAULTS};
 use crate::records::Record;
 
@@ -367,8 +367,7 @@ impl GroupConsumer {
     ) -> Result<Self, KafkaError> {
         let assignment = Arc::new(Mutex::new(Assignment::default()));
         let creation = |why: String| KafkaError::client("creating the consumer")(ClientCreation(why));
-        let topic_c =
-            batch_queue::c_topic(topic).ok_or_else(|| creation(format!("topic name {topic:?} holds a NUL")))?;
+        let topic_c = CString::new(topic).map_err(|_| creation(format!("topic name {topic:?} holds a NUL")))?;
         let ctx = GroupContext {
             start_offsets,
             topic: topic.to_owned(),
@@ -537,6 +536,7 @@ impl GroupConsumer {
     /// The consumer's position in every assigned partition where it is
     /// known (one call for all, where a loop over [`Self::position`] would
     /// ask librdkafka once per partition).
+    ///
     /// Capped where an error moved a position past a record not handed
     /// out yet (see [`ErrorHolds`]).
     pub fn positions(&self) -> BTreeMap<i32, i64> {

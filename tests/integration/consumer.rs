@@ -125,16 +125,21 @@ fn read_until(members: &[&GroupConsumer], handed: &Mutex<Handed>, total: usize, 
 }
 
 /// Every partition holds records `0..per_partition` exactly as produced,
-/// each once, in order.
-fn check_all(handed: &Handed, topic: &str, per_partition: i64) {
-    for p in 0..PARTITIONS {
-        let got = handed.by_partition.get(&p).map(Vec::as_slice).unwrap_or_default();
-        let offsets: Vec<i64> = got.iter().map(|r| r.offset).collect();
-        assert_eq!(offsets, (0..per_partition).collect::<Vec<_>>(), "partition {p}: each offset once, in order");
-        for r in got {
-            assert_eq!(*r, expected(topic, p, r.offset), "partition {p} offset {}", r.offset);
+/// each once, in order, and none of `members` has more to hand out.
+fn check_all(members: &[&GroupConsumer], handed: &Mutex<Handed>, topic: &str, per_partition: i64) {
+    {
+        let handed = handed.lock().unwrap();
+        for p in 0..PARTITIONS {
+            let got = handed.by_partition.get(&p).map(Vec::as_slice).unwrap_or_default();
+            let offsets: Vec<i64> = got.iter().map(|r| r.offset).collect();
+            assert_eq!(offsets, (0..per_partition).collect::<Vec<_>>(), "partition {p}: each offset once, in order");
+            for r in got {
+                assert_eq!(*r, expected(topic, p, r.offset), "partition {p} offset {}", r.offset);
+            }
         }
     }
+    let more: usize = members.iter().map(|m| poll(m, handed, 2_000)).sum();
+    assert_eq!(more, 0, "nothing more, and nothing twice");
 }
 
 /// A group of its own on a topic of its own, records `0..records` of
@@ -159,9 +164,7 @@ fn a_member_hands_out_every_record_whole_and_in_order() {
     // Small batches first, then large ones.
     read_until(&[&m], &handed, 300, 7, until);
     read_until(&[&m], &handed, 4_500, 2_000, until);
-    check_all(&handed.lock().unwrap(), &topic, 1_500);
-    // Nothing more, and nothing twice.
-    assert_eq!(poll(&m, &handed, 2_000), 0);
+    check_all(&[&m], &handed, &topic, 1_500);
 }
 
 /// A second member joins while records keep coming: the group moves
@@ -205,6 +208,5 @@ fn records_are_handed_out_once_across_a_rebalance() {
     produce_with(&feed, &topic, produced, produced + 100);
     produced += 100;
     read_until(&[&a, &b], &handed, produced as usize * PARTITIONS as usize, 100, until);
-    check_all(&handed.lock().unwrap(), &topic, produced);
-    assert_eq!(poll(&a, &handed, 2_000) + poll(&b, &handed, 2_000), 0, "nothing twice");
+    check_all(&[&a, &b], &handed, &topic, produced);
 }
