@@ -177,6 +177,53 @@ fn store_commit(c: &mut Criterion) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The metrics sampler's pass (`pipeline/sampler.rs`): each operation's
+/// summary read from the store, on 60,000 operations flushed to a table
+/// file, as a pass over a large store reads them. The sampler reads up to
+/// `[metrics] scan_ops_per_sec` of them a second beside the pipeline.
+fn sampler_scan(c: &mut Criterion) {
+    use reconciler::store::{Batch, Store};
+    let mut cfg = Config::default();
+    demo::configure(&mut cfg);
+    let policy = cfg.policy();
+    let mut engine = MemoryEngine::new();
+    let mut outputs = Vec::new();
+    engine.replay(&policy, events(), 0, &mut outputs);
+    let ops: Vec<_> = engine.ops.values().cloned().collect();
+    let dir = std::env::temp_dir().join(format!("reconciler-bench-scan-{}", std::process::id()));
+    let store = Store::open(&dir, "bench.events", false).unwrap();
+    let mut stored = 0u64;
+    while stored < 60_000 {
+        let mut batch = Batch::default();
+        for op in &ops {
+            let mut op = op.clone();
+            op.operation_id = format!("{}-{stored}", op.operation_id);
+            batch.put_op(0, op.operation_id.clone(), Some(op), Default::default());
+            stored += 1;
+        }
+        store.commit(batch).unwrap();
+    }
+    store.flush().unwrap();
+    let mut g = c.benchmark_group("sampler");
+    g.throughput(Throughput::Elements(stored));
+    g.sample_size(20);
+    g.bench_function("scan_summaries", |b| {
+        b.iter(|| {
+            let mut seen = 0u64;
+            store
+                .scan_summaries(0, |s| {
+                    seen += s.requested_at.is_some() as u64;
+                    true
+                })
+                .unwrap();
+            seen
+        })
+    });
+    g.finish();
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Rebuilding state from a recorded stream without Kafka: decode and apply.
 fn replay(c: &mut Criterion) {
     let codec = Codec::new();
@@ -222,5 +269,5 @@ fn signature(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, store_commit, replay, signature);
+criterion_group!(benches, bench, store_commit, sampler_scan, replay, signature);
 criterion_main!(benches);

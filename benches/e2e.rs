@@ -519,15 +519,50 @@ struct Quarters {
     span_ms: i64,
     procs: Vec<(&'static str, u32)>,
     ticks: f64,
-    /// The quarter being measured; `None` before the window opens.
-    busy: Option<Busy>,
+    /// The pipeline's pid, whose threads each quarter also reports by group.
+    pipeline: Option<u32>,
+    /// The quarter being measured (and the pipeline's threads at its start);
+    /// `None` before the window opens.
+    busy: Option<(Busy, Option<ThreadCpu>)>,
     /// One report per quarter measured.
     cores: Vec<String>,
 }
 
 impl Quarters {
     fn new(start_ms: i64, secs: u64, procs: Vec<(&'static str, u32)>, ticks: f64) -> Self {
-        Quarters { start_ms, span_ms: (secs as i64 * 1000).max(4), procs, ticks, busy: None, cores: Vec::new() }
+        let pipeline = procs.iter().find(|(n, _)| *n == "pipeline").map(|(_, pid)| *pid);
+        Quarters {
+            start_ms,
+            span_ms: (secs as i64 * 1000).max(4),
+            procs,
+            ticks,
+            pipeline,
+            busy: None,
+            cores: Vec::new(),
+        }
+    }
+
+    /// Opens a quarter: the processes' CPU, and the pipeline's threads'.
+    fn open(&self) -> (Busy, Option<ThreadCpu>) {
+        let threads = self.pipeline.map(|pid| {
+            let mut t = ThreadCpu::default();
+            t.sample(pid, self.ticks);
+            t
+        });
+        (Busy::start(&self.procs, self.ticks), threads)
+    }
+
+    /// Closes a quarter: "broker .., pipeline .. cores (of 2); pipeline by
+    /// thread: run loop .., rayon pool .., ..". Which threads grow through
+    /// the step is what tells the pipeline's own work from the broker's.
+    fn close(&self, (busy, threads): &(Busy, Option<ThreadCpu>)) -> String {
+        let mut report = busy.report();
+        if let (Some(before), Some(pid)) = (threads, self.pipeline) {
+            let mut after = before.clone();
+            after.sample(pid, self.ticks);
+            report.push_str(&format!("; pipeline by thread: {}", after.cores_since(before, busy.elapsed())));
+        }
+        report
     }
 
     /// The quarter of event time `at_ms` (those outside go to the nearest).
@@ -542,19 +577,21 @@ impl Quarters {
             return;
         }
         let Some(busy) = &self.busy else {
-            self.busy = Some(Busy::start(&self.procs, self.ticks));
+            self.busy = Some(self.open());
             return;
         };
         if self.cores.len() < 3 && self.of(now) > self.cores.len() {
-            self.cores.push(busy.report());
-            self.busy = Some(Busy::start(&self.procs, self.ticks));
+            let report = self.close(busy);
+            self.cores.push(report);
+            self.busy = Some(self.open());
         }
     }
 
     /// Closes the last quarter (once the step's records are all out).
     fn finish(&mut self) {
         if let (Some(busy), true) = (&self.busy, self.cores.len() < 4) {
-            self.cores.push(busy.report());
+            let report = self.close(busy);
+            self.cores.push(report);
         }
         self.busy = None;
     }

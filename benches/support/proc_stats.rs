@@ -64,7 +64,7 @@ impl Busy {
     /// "broker 0.83, pipeline 0.61, harness 0.40 cores (of 2)" since the
     /// start.
     pub fn report(&self) -> String {
-        let wall = self.started.elapsed().as_secs_f64().max(1e-3);
+        let wall = self.elapsed();
         let each: Vec<String> = self
             .procs
             .iter()
@@ -72,6 +72,11 @@ impl Busy {
             .collect();
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         format!("{} cores (of {cores})", each.join(", "))
+    }
+
+    /// Wall seconds since the start.
+    pub fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64().max(1e-3)
     }
 }
 
@@ -96,6 +101,9 @@ fn thread_group(pid: u32, tid: u32, comm: &str) -> &'static str {
         "RocksDB"
     } else if comm.starts_with("rayon-") {
         "rayon pool"
+    } else if comm.starts_with("metrics-sampler") {
+        // The state gauges' scan of the store (pipeline/sampler.rs).
+        "sampler"
     } else {
         "other"
     }
@@ -131,6 +139,20 @@ impl ThreadCpu {
         let mut out: Vec<_> = groups.into_iter().collect();
         out.sort_by(|a, b| b.1.total_cmp(&a.1));
         out
+    }
+
+    /// "run loop 0.41, rayon pool 0.22, ..." cores: each group's CPU since
+    /// `earlier` (a sample of the same process) over `wall` seconds.
+    pub fn cores_since(&self, earlier: &ThreadCpu, wall: f64) -> String {
+        let before: std::collections::BTreeMap<&str, f64> = earlier.by_group().into_iter().collect();
+        let shown: Vec<String> = self
+            .by_group()
+            .iter()
+            .map(|(g, s)| (g, (s - before.get(g).copied().unwrap_or(0.0)) / wall))
+            .filter(|(_, c)| *c >= 0.005)
+            .map(|(g, c)| format!("{g} {c:.2}"))
+            .collect();
+        shown.join(", ")
     }
 
     /// "run loop 6.90, librdkafka 1.93, ..." per 1M of `records`.

@@ -224,13 +224,20 @@ fn scan(src: &Source, parts: &BTreeSet<i32>, stop: &AtomicBool) -> Result<Option
 }
 
 impl Summary {
-    fn add(&mut self, op: &OpSummary) {
+    /// Counts one operation. Its type is copied only for a type the pass
+    /// has not met yet: a pass reads up to `scan_ops_per_sec` operations a
+    /// second beside the pipeline.
+    fn add(&mut self, op: &OpSummary<&str>) {
         self.operations += 1;
         *self.by_state.entry(op.status).or_default() += 1;
         if op.status.awaits_evidence() {
             if let Some(at) = op.requested_at {
-                let e = self.oldest_requested.entry(op.operation_type.clone()).or_insert(at);
-                *e = (*e).min(at);
+                match self.oldest_requested.get_mut(op.operation_type) {
+                    Some(e) => *e = (*e).min(at),
+                    None => {
+                        self.oldest_requested.insert(op.operation_type.to_owned(), at);
+                    }
+                }
             }
         }
         match op.follow_up {
@@ -240,9 +247,12 @@ impl Summary {
         }
         if op.status == Status::ManualReview {
             let since = op.review_since;
-            let e = self.review.entry(op.operation_type.clone()).or_insert((0, since));
-            e.0 += 1;
-            e.1 = e.1.min(since);
+            match self.review.get_mut(op.operation_type) {
+                Some(e) => *e = (e.0 + 1, e.1.min(since)),
+                None => {
+                    self.review.insert(op.operation_type.to_owned(), (1, since));
+                }
+            }
         }
     }
 

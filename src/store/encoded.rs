@@ -73,7 +73,7 @@ pub(crate) enum Write {
 #[derive(Serialize)]
 pub(super) struct StoredOpRef<'a> {
     pub timeline_total: u64,
-    pub summary: OpSummaryRef<'a>,
+    pub summary: OpSummary<&'a str>,
     pub state: &'a OperationState,
     pub last_verdict: Option<LastVerdictRef<'a>>,
     pub latest: LatestRef<'a>,
@@ -84,7 +84,7 @@ impl<'a> StoredOpRef<'a> {
     pub(super) fn of(state: &'a OperationState, head: &'a timeline::Head) -> StoredOpRef<'a> {
         StoredOpRef {
             timeline_total: head.total,
-            summary: OpSummaryRef::of(state),
+            summary: OpSummary::of(state),
             state,
             last_verdict: state.last_verdict.as_ref().map(|v| match head.inline_verdict(state) {
                 Some((entry, verdict)) => LastVerdictRef::InEntry {
@@ -163,16 +163,6 @@ impl Serialize for LatestRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(self.0.iter().map(|v| serde_bytes::Bytes::new(v)))
     }
-}
-
-/// [`OpSummary`] as written: borrowed from the state.
-#[derive(Serialize)]
-pub(super) struct OpSummaryRef<'a> {
-    operation_type: &'a str,
-    status: Status,
-    requested_at: Option<i64>,
-    review_since: i64,
-    follow_up: Option<RepairAction>,
 }
 
 /// [`StoredOpRef`] as read back, but for the timeline entries (decode it
@@ -271,10 +261,13 @@ impl StoredOpWithTimeline {
 
 /// What the state gauges need of an operation; stored in front of its
 /// state so that a scan decodes only this (no event ids, no held events).
+/// `S` is `&str` when written (borrowed from the state) and when the
+/// metrics scan reads it (borrowed from the stored value: no allocation per
+/// operation), `String` when the whole state is read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OpSummary {
+pub struct OpSummary<S = String> {
     /// Its type (the gauges' label).
-    pub operation_type: String,
+    pub operation_type: S,
     /// Where it stands in the state machine.
     pub status: Status,
     /// Event time of its `Requested`, once that arrived (age of the oldest
@@ -286,14 +279,26 @@ pub struct OpSummary {
     pub follow_up: Option<RepairAction>,
 }
 
-impl OpSummaryRef<'_> {
-    pub(super) fn of(op: &OperationState) -> OpSummaryRef<'_> {
-        OpSummaryRef {
+impl<'a> OpSummary<&'a str> {
+    /// The summary of `op`, as written.
+    pub(super) fn of(op: &'a OperationState) -> OpSummary<&'a str> {
+        OpSummary {
             operation_type: &op.operation_type,
             status: op.status,
             requested_at: op.request.as_ref().map(|r| r.requested_at),
             review_since: op.review_since.unwrap_or(op.last_event_at),
             follow_up: op.follow_up.filter(|_| op.awaits_evidence()).map(|f| f.action),
+        }
+    }
+
+    /// The same summary, owning its type.
+    pub fn owned(&self) -> OpSummary {
+        OpSummary {
+            operation_type: self.operation_type.to_owned(),
+            status: self.status,
+            requested_at: self.requested_at,
+            review_since: self.review_since,
+            follow_up: self.follow_up,
         }
     }
 }

@@ -9,6 +9,7 @@ use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB,
 };
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 use super::encoded::{Encoded, Family, OpSummary, Part, StoredOp, StoredOpWithTimeline, Write};
 use super::keys;
@@ -223,12 +224,12 @@ fn entity_or_empty(value: Option<&[u8]>) -> Result<EntityState, StoreError> {
 }
 
 /// Decodes a `T` from the start of `bytes`, ignoring the rest.
-fn decode_prefix<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+fn decode_prefix<'b, T: Deserialize<'b>>(what: &'static str, bytes: &'b [u8]) -> Result<T, StoreError> {
     decode_with_rest(what, bytes).map(|(v, _)| v)
 }
 
 /// Decodes a `T` from the start of `bytes`; the bytes after it.
-fn decode_with_rest<'b, T: DeserializeOwned>(what: &'static str, bytes: &'b [u8]) -> Result<(T, &'b [u8]), StoreError> {
+fn decode_with_rest<'b, T: Deserialize<'b>>(what: &'static str, bytes: &'b [u8]) -> Result<(T, &'b [u8]), StoreError> {
     postcard::take_from_bytes(bytes).map_err(|e| StoreError::Corrupt { what, reason: e.to_string() })
 }
 
@@ -613,24 +614,30 @@ impl Store {
     /// Visits the operations of `partition` one at a time, without holding
     /// them all in memory; stops early when `visit` returns false.
     pub fn scan_ops(&self, partition: i32, mut visit: impl FnMut(OperationState) -> bool) -> Result<(), StoreError> {
-        self.scan_op_values(partition, |id, v| Ok(visit(state_of(id, v)?)))
+        self.scan_op_values(partition, |key, v| Ok(visit(state_of(op_id(key)?, v)?)))
     }
 
     /// Visits the summaries of the operations of `partition` (decoding
-    /// nothing else); stops early when `visit` returns false.
-    pub fn scan_summaries(&self, partition: i32, mut visit: impl FnMut(OpSummary) -> bool) -> Result<(), StoreError> {
+    /// nothing else); stops early when `visit` returns false. Each summary
+    /// borrows its type from the stored value, valid during the call.
+    pub fn scan_summaries(
+        &self,
+        partition: i32,
+        mut visit: impl FnMut(OpSummary<&str>) -> bool,
+    ) -> Result<(), StoreError> {
         self.scan_op_values(partition, |_, v| {
-            let (_, summary) = decode_prefix::<(u64, OpSummary)>("operation", v)?;
+            let (_, summary) = decode_prefix::<(u64, OpSummary<&str>)>("operation", v)?;
             Ok(visit(summary))
         })
     }
 
-    /// The stored values of the operations of `partition` with their ids,
+    /// The stored values of the operations of `partition` with their keys
+    /// ([`op_id`] reads the id, which the summaries' scan does not need),
     /// in key order, until `visit` returns false.
     fn scan_op_values(
         &self,
         partition: i32,
-        mut visit: impl FnMut(&str, &[u8]) -> Result<bool, StoreError>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
     ) -> Result<(), StoreError> {
         let prefix = keys::partition_prefix(partition);
         // A scan of every operation (the metrics sampler's, the review
@@ -639,17 +646,18 @@ impl Store {
         // nor fills the cache up to its budget on its own.
         let mut once = rocksdb::ReadOptions::default();
         once.fill_cache(false);
-        let from = IteratorMode::From(&prefix, Direction::Forward);
-        for item in self.db.iterator_cf_opt(self.cf(OPS), once, from) {
-            let (k, v) = item?;
-            if !k.starts_with(&prefix) {
-                break;
+        // Keys and values borrowed from the iterator: the boxed copies of
+        // `iterator_cf_opt` were two allocations and a copy of the whole
+        // value per operation, for a scan that mostly reads its summary.
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(OPS), once);
+        it.seek(prefix);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !k.starts_with(&prefix) || !visit(k, v)? {
+                return Ok(());
             }
-            if !visit(op_id(&k)?, &v)? {
-                break;
-            }
+            it.next();
         }
-        Ok(())
+        Ok(it.status()?)
     }
 
     /// How many outputs are stored but not yet acknowledged (each batch's

@@ -157,7 +157,7 @@ fn an_operation_is_read_back_with_its_timeline_total() {
     let mut seen = Vec::new();
     store
         .scan_summaries(0, |s| {
-            seen.push(s);
+            seen.push(s.owned());
             true
         })
         .unwrap();
@@ -267,7 +267,7 @@ fn values_of_the_wrong_size_are_corrupt_not_a_panic() {
     let latest = std::collections::VecDeque::from(vec![vec![0u8]; 2]);
     let stored = encoded::StoredOpRef {
         timeline_total: 1,
-        summary: encoded::OpSummaryRef::of(&state),
+        summary: encoded::OpSummary::of(&state),
         state: &state,
         last_verdict: None,
         latest: encoded::LatestRef(&latest),
@@ -597,7 +597,7 @@ fn a_latest_verdict_is_stored_once_and_read_back_whole() {
     let latest = std::collections::VecDeque::new();
     let damaged = encoded::StoredOpRef {
         timeline_total: 0,
-        summary: encoded::OpSummaryRef::of(&state),
+        summary: encoded::OpSummary::of(&state),
         state: &state,
         last_verdict: Some(encoded::LastVerdictRef::InEntry {
             entry: 0,
