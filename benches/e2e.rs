@@ -519,8 +519,6 @@ struct Quarters {
     span_ms: i64,
     procs: Vec<(&'static str, u32)>,
     ticks: f64,
-    /// The pipeline's pid, whose threads each quarter also reports by group.
-    pipeline: Option<u32>,
     /// The quarter being measured (and the pipeline's threads at its start);
     /// `None` before the window opens.
     busy: Option<(Busy, Option<ThreadCpu>)>,
@@ -530,21 +528,18 @@ struct Quarters {
 
 impl Quarters {
     fn new(start_ms: i64, secs: u64, procs: Vec<(&'static str, u32)>, ticks: f64) -> Self {
-        let pipeline = procs.iter().find(|(n, _)| *n == "pipeline").map(|(_, pid)| *pid);
-        Quarters {
-            start_ms,
-            span_ms: (secs as i64 * 1000).max(4),
-            procs,
-            ticks,
-            pipeline,
-            busy: None,
-            cores: Vec::new(),
-        }
+        Quarters { start_ms, span_ms: (secs as i64 * 1000).max(4), procs, ticks, busy: None, cores: Vec::new() }
+    }
+
+    /// The pipeline's pid (when it is among `procs`), whose threads each
+    /// quarter also reports by group.
+    fn pipeline(&self) -> Option<u32> {
+        self.procs.iter().find(|(n, _)| *n == "pipeline").map(|(_, pid)| *pid)
     }
 
     /// Opens a quarter: the processes' CPU, and the pipeline's threads'.
     fn open(&self) -> (Busy, Option<ThreadCpu>) {
-        let threads = self.pipeline.map(|pid| {
+        let threads = self.pipeline().map(|pid| {
             let mut t = ThreadCpu::default();
             t.sample(pid, self.ticks);
             t
@@ -557,7 +552,7 @@ impl Quarters {
     /// the step is what tells the pipeline's own work from the broker's.
     fn close(&self, (busy, threads): &(Busy, Option<ThreadCpu>)) -> String {
         let mut report = busy.report();
-        if let (Some(before), Some(pid)) = (threads, self.pipeline) {
+        if let (Some(before), Some(pid)) = (threads, self.pipeline()) {
             let mut after = before.clone();
             after.sample(pid, self.ticks);
             report.push_str(&format!("; pipeline by thread: {}", after.cores_since(before, busy.elapsed())));

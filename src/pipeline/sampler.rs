@@ -180,6 +180,17 @@ fn sample_lag(
     shown.extend(now);
 }
 
+/// Updates `ty`'s value in `map` with `update`, or inserts `first` for
+/// it, copying `ty` only then.
+fn merge<V>(map: &mut HashMap<String, V>, ty: &str, first: V, update: impl FnOnce(&mut V)) {
+    match map.get_mut(ty) {
+        Some(v) => update(v),
+        None => {
+            map.insert(ty.to_owned(), first);
+        }
+    }
+}
+
 /// What one pass found.
 #[derive(Default)]
 struct Summary {
@@ -232,12 +243,7 @@ impl Summary {
         *self.by_state.entry(op.status).or_default() += 1;
         if op.status.awaits_evidence() {
             if let Some(at) = op.requested_at {
-                match self.oldest_requested.get_mut(op.operation_type) {
-                    Some(e) => *e = (*e).min(at),
-                    None => {
-                        self.oldest_requested.insert(op.operation_type.to_owned(), at);
-                    }
-                }
+                merge(&mut self.oldest_requested, op.operation_type, at, |e| *e = (*e).min(at));
             }
         }
         match op.follow_up {
@@ -247,12 +253,7 @@ impl Summary {
         }
         if op.status == Status::ManualReview {
             let since = op.review_since;
-            match self.review.get_mut(op.operation_type) {
-                Some(e) => *e = (e.0 + 1, e.1.min(since)),
-                None => {
-                    self.review.insert(op.operation_type.to_owned(), (1, since));
-                }
-            }
+            merge(&mut self.review, op.operation_type, (1, since), |e| *e = (e.0 + 1, e.1.min(since)));
         }
     }
 
