@@ -95,7 +95,11 @@ pub fn broker_pid(brokers: &str) -> Option<u32> {
 fn thread_group(pid: u32, tid: u32, comm: &str) -> &'static str {
     if tid == pid {
         "run loop"
-    } else if comm.starts_with("rdk:") || comm.starts_with("producer poll") || comm.starts_with("kafka-client") {
+    } else if comm.starts_with("rdk:")
+        || comm.starts_with("producer poll")
+        || comm.starts_with("delivery report")
+        || comm.starts_with("kafka-client")
+    {
         "librdkafka"
     } else if comm.starts_with("rocksdb:") {
         "RocksDB"

@@ -16,8 +16,9 @@
 //! results and is still polled for them (see
 //! [`super::consumer::GroupConsumer::poll_batch`]).
 //!
-//! The only unsafe code of the Kafka adapter is here: librdkafka's queue
-//! and message calls, each with the invariant it relies on.
+//! The Kafka adapter's unsafe code is here and in [`super::report_pump`]:
+//! librdkafka's queue and message calls, each with the invariant it relies
+//! on.
 
 use std::ffi::{c_void, CStr};
 use std::os::raw::c_char;

@@ -9,6 +9,7 @@ pub mod consumer;
 pub mod keyed;
 pub mod producer;
 pub mod reader;
+pub mod report_pump;
 pub mod transaction;
 pub mod watermarks;
 
@@ -78,6 +79,16 @@ pub enum KafkaError {
     /// Something did not finish within its time budget.
     #[error("{0}")]
     Timeout(String),
+    /// The operating system refused what the client needed beside
+    /// librdkafka (a thread, a socket).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A step of the group's rebalance failed: the member stops rather than
     /// run with an assignment it does not really have.
     #[error("rebalance failed: {0}")]
@@ -107,7 +118,7 @@ impl KafkaError {
         let code = match self {
             KafkaError::Client { source, .. } => source.rdkafka_error_code(),
             KafkaError::Refused { code, .. } | KafkaError::NotAcknowledged { code, .. } => Some(*code),
-            KafkaError::AckTimeout { .. } | KafkaError::Timeout(_) => None,
+            KafkaError::AckTimeout { .. } | KafkaError::Timeout(_) | KafkaError::Io { .. } => None,
             KafkaError::UnknownTopic(_)
             | KafkaError::Rebalance(_)
             | KafkaError::ChangelogPartitions { .. }

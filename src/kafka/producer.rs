@@ -3,20 +3,21 @@
 //!
 //! Records are sent under a [`Ticket`]; [`Publisher::wait`] blocks until
 //! every record of a ticket is acknowledged, without spinning: the
-//! producer's own polling thread serves the delivery reports and wakes the
-//! waiter. So the run loop can send a batch's outputs, go on applying the
+//! producer's [`ReportPump`] thread serves the delivery reports and wakes
+//! the waiter. So the run loop can send a batch's outputs, go on applying the
 //! next batch, and only then wait for the acknowledgements.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig};
 use rdkafka::ClientContext;
 
+use super::report_pump::ReportPump;
 use super::{client_config, KafkaError};
 use crate::records::OutboxRecord;
 
@@ -89,7 +90,9 @@ pub const PRODUCER_REQUIRED: [(&str, &str); 2] = [("partitioner", "murmur2_rando
 
 /// Publishes records and waits for their acknowledgements.
 pub struct Publisher {
-    producer: ThreadedProducer<AckContext>,
+    /// Serves `producer`'s delivery reports; holds a reference to it.
+    _reports: ReportPump,
+    producer: Arc<BaseProducer<AckContext>>,
     next_ticket: AtomicUsize,
     flush_timeout: Duration,
 }
@@ -134,14 +137,23 @@ impl Publisher {
         defaults: &[(&str, &str)],
         required: &[(&str, &str)],
     ) -> Result<Publisher, KafkaError> {
-        let producer = producer_config(kafka, max_message_bytes, defaults, required)
-            .create_with_context(AckContext::default())
-            .map_err(KafkaError::client("creating the producer"))?;
-        Ok(Publisher { producer, next_ticket: AtomicUsize::new(0), flush_timeout: Duration::from_secs(30) })
+        let producer: Arc<BaseProducer<AckContext>> = Arc::new(
+            producer_config(kafka, max_message_bytes, defaults, required)
+                .create_with_context(AckContext::default())
+                .map_err(KafkaError::client("creating the producer"))?,
+        );
+        let reports = ReportPump::start(Arc::clone(&producer), "delivery reports")
+            .map_err(|source| KafkaError::Io { context: "starting the delivery reports' thread".into(), source })?;
+        Ok(Publisher {
+            _reports: reports,
+            producer,
+            next_ticket: AtomicUsize::new(0),
+            flush_timeout: Duration::from_secs(30),
+        })
     }
 
     /// The producer itself (for the transaction calls).
-    pub(super) fn producer(&self) -> &ThreadedProducer<AckContext> {
+    pub(super) fn producer(&self) -> &BaseProducer<AckContext> {
         &self.producer
     }
 
@@ -191,7 +203,7 @@ impl Publisher {
                         if *queue_deadline.get_or_insert_with(|| Instant::now() + self.flush_timeout)
                             > Instant::now() =>
                     {
-                        // The polling thread makes room as reports come in.
+                        // The reports' thread makes room as reports come in.
                         br = back;
                         self.producer.poll(Duration::from_millis(10));
                     }
@@ -271,7 +283,32 @@ impl Publisher {
 mod tests {
     use std::collections::BTreeMap;
 
-    use super::{producer_config, PIPELINE_LINGER};
+    use super::{producer_config, Publisher, PIPELINE_LINGER};
+    use crate::kafka::KafkaError;
+    use crate::records::OutboxRecord;
+
+    /// Delivery reports reach the waiter through the reports' thread, with
+    /// no broker at all: a record librdkafka gives up on (nothing listens
+    /// on port 1; it stops trying after `message.timeout.ms`) is reported
+    /// failed. Were the reports not served, the wait would end only at the
+    /// 30 s flush timeout, as an `AckTimeout`.
+    #[test]
+    fn a_record_no_broker_takes_is_reported_failed() {
+        let kafka: BTreeMap<String, String> = [("bootstrap.servers", "127.0.0.1:1"), ("message.timeout.ms", "200")]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .into();
+        let publisher = Publisher::new(&kafka, 1000).unwrap();
+        let rec = OutboxRecord {
+            topic: "nowhere".into(),
+            key: Some(b"k".to_vec()),
+            value: Some(b"v".to_vec()),
+            headers: vec![],
+        };
+        match publisher.publish_all([(&rec, None)]) {
+            Err(KafkaError::NotAcknowledged { failed: 1, .. }) => {}
+            other => panic!("expected one failed record, got {other:?}"),
+        }
+    }
 
     /// The pipeline's producer lingers 1 ms, every other 5 (librdkafka's
     /// default), and `[kafka]` overrides either; idempotence cannot be
