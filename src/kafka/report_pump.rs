@@ -1,24 +1,27 @@
 //! A producer's delivery reports, served by a thread that librdkafka wakes
 //! when a report arrives, not by a timer.
 //!
-//! rust-rdkafka's `ThreadedProducer` calls `BaseProducer::poll` with a
-//! 100 ms timeout in a loop. That poll keeps calling librdkafka until its
-//! own deadline has passed and hands it the time left in whole
-//! milliseconds, rounded down; librdkafka, which also counts whole
-//! milliseconds, returns up to one early. So every 100 ms ended with up to
-//! a millisecond of zero-timeout polls in a tight loop: 0.9 % of a core
+//! rust-rdkafka 0.38's `ThreadedProducer` calls `BaseProducer::poll` with
+//! a 100 ms timeout in a loop. That poll keeps calling librdkafka until its
+//! own deadline has passed, and hands it the time left in whole
+//! milliseconds, rounded down (`Timeout::as_millis`): 99 ms once a few
+//! microseconds have gone, then, with less than a millisecond left, 0,
+//! which librdkafka takes as "do not wait". So every 100 ms ended with up
+//! to a millisecond of zero-timeout polls in a tight loop: 0.9 % of a core
 //! per producer, idle or loaded (measured on an idle `reconciler demo`:
 //! the two producers' polling threads at 0.90 and 0.95 %, each more than
-//! any other thread of the process; `strace` showed 0.8 ms between each
-//! timed-out wait and the next).
+//! any other thread of the process; `strace` showed each wait time out
+//! after 99 ms, then 0.8 ms without a system call before the next).
 //!
 //! Here librdkafka writes a byte to a socket whenever the producer's main
-//! queue (its delivery reports, errors and logs) goes from empty to
-//! non-empty (`rd_kafka_queue_io_event_enable`). The thread sleeps in a
-//! blocking read of that socket, then serves the queue until it is empty;
-//! librdkafka writes again only after the queue was served, so a wake-up
-//! is never lost. Dropping the pump writes a byte of its own to stop the
-//! thread at once.
+//! queue (its delivery reports, errors, logs and statistics) goes from
+//! empty to non-empty (`rd_kafka_queue_io_event_enable`). The thread
+//! sleeps in a blocking read of that socket, then serves the queue until
+//! it is empty; librdkafka writes again only after the queue was served,
+//! so a wake-up is never lost. Dropping the pump turns the wake-ups off,
+//! then writes a byte of its own to stop the thread.
+//!
+//! One pump per producer: a second would take over the first's wake-ups.
 
 use std::ffi::c_void;
 use std::io::{self, ErrorKind, Read, Write};
@@ -55,6 +58,10 @@ pub struct ReportPump {
     queue: Arc<MainQueue>,
     /// The end librdkafka writes its wake-ups to, and [`Drop`] its own.
     waker: UnixStream,
+    /// The end the thread reads. Kept here too, so that it is closed only
+    /// after the wake-ups are off (librdkafka's write to a socket whose
+    /// reader is gone would fail with EPIPE).
+    wakes: Arc<UnixStream>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     /// The producer, kept alive until the queue's handle is released (a
@@ -64,11 +71,11 @@ pub struct ReportPump {
 
 impl ReportPump {
     /// Starts serving `producer`'s main queue on a thread named `name`.
-    pub fn start<C: ProducerContext + Send + Sync + 'static>(
+    pub(super) fn start<C: ProducerContext + Send + Sync + 'static>(
         producer: Arc<BaseProducer<C>>,
         name: &str,
     ) -> io::Result<ReportPump> {
-        let (mut wakes, waker) = UnixStream::pair()?;
+        let (wakes, waker) = UnixStream::pair()?;
         // librdkafka writes from its own threads and must never block there.
         waker.set_nonblocking(true)?;
         // SAFETY: the client is live (we hold a reference); the handle is
@@ -80,7 +87,7 @@ impl ReportPump {
         // Built before the events are turned on: if the thread cannot be
         // started, dropping it turns them off again.
         let keep: Arc<dyn std::any::Any + Send + Sync> = producer.clone();
-        let mut pump = ReportPump { queue, waker, stop, thread: None, _producer: keep };
+        let mut pump = ReportPump { queue, waker, wakes: Arc::new(wakes), stop, thread: None, _producer: keep };
         const WAKE: &[u8] = b"!";
         // SAFETY: the queue is live; librdkafka copies the payload; the
         // socket stays open until `drop` has turned the events off again.
@@ -92,20 +99,22 @@ impl ReportPump {
                 WAKE.len(),
             )
         };
-        let (queue, stop) = (Arc::clone(&pump.queue), Arc::clone(&pump.stop));
+        let (queue, stop, wakes) = (Arc::clone(&pump.queue), Arc::clone(&pump.stop), Arc::clone(&pump.wakes));
         pump.thread = Some(std::thread::Builder::new().name(name.to_owned()).spawn(move || {
             let mut buf = [0u8; 64];
             loop {
                 // Everything queued, also what came before the events
                 // were turned on. One event per call: a zero-timeout
-                // poll serves one and returns.
-                while queue.len() > 0 {
+                // poll serves one and returns. Once stopped, whatever is
+                // left is the producer's own flush's (`BaseProducer`'s
+                // drop serves its queue itself).
+                while queue.len() > 0 && !stop.load(Ordering::Acquire) {
                     producer.poll(Duration::ZERO);
                 }
                 if stop.load(Ordering::Acquire) {
                     break;
                 }
-                match wakes.read(&mut buf) {
+                match (&*wakes).read(&mut buf) {
                     Ok(0) => break,
                     Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -126,18 +135,18 @@ impl ReportPump {
 
 impl Drop for ReportPump {
     fn drop(&mut self) {
+        // SAFETY: the queue is live (our handle, the producer held by
+        // `_producer`). Wake-ups off first, while both ends of the socket
+        // are still open.
+        unsafe { rd::rd_kafka_queue_io_event_enable(self.queue.0.as_ptr(), -1, std::ptr::null(), 0) };
         self.stop.store(true, Ordering::Release);
         // A full socket already holds a wake-up: the error can be ignored.
         let _ = (&self.waker).write(b"!");
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // SAFETY: the thread has stopped; the producer is still alive (held
-        // by `_producer`). Events off before the socket closes, then our
-        // handle released.
-        unsafe {
-            rd::rd_kafka_queue_io_event_enable(self.queue.0.as_ptr(), -1, std::ptr::null(), 0);
-            rd::rd_kafka_queue_destroy(self.queue.0.as_ptr());
-        }
+        // SAFETY: the thread has stopped and no longer uses the handle; the
+        // producer is still alive (held by `_producer`, dropped after this).
+        unsafe { rd::rd_kafka_queue_destroy(self.queue.0.as_ptr()) };
     }
 }
