@@ -333,8 +333,16 @@ impl ErrorHolds {
 }
 
 /// Longest a wait for records goes without serving the consumer's own
-/// queue (rebalances, commit results).
+/// queue (rebalances, commit results) while the member owns no partition:
+/// the first assignment, at start-up, decides when the first output comes.
 const EVENTS_SLICE: Duration = Duration::from_millis(10);
+
+/// The same once the member owns partitions. A record wakes the wait at
+/// once whatever the slice; the slice only bounds how late a rebalance or
+/// a commit result is served while the input is quiet, and an idle loop
+/// wakes once per slice: at 10 ms that was a hundred times a second, 0.5 %
+/// of a core for nothing (`scripts/bench-idle.sh`, BENCHMARKS.md).
+const EVENTS_SLICE_ASSIGNED: Duration = Duration::from_millis(50);
 
 /// A subscribed consumer that hands out batches of owned records.
 pub struct GroupConsumer {
@@ -427,7 +435,12 @@ impl GroupConsumer {
             // Wait for the first record a slice at a time, serving the
             // consumer's queue between slices: a rebalance (the first
             // assignment, at start-up) waits at most one slice.
-            if self.records.take(&mut out, 1, left.min(EVENTS_SLICE), &self.topic, &mut errors) > 0 {
+            let slice = if self.assignment.lock().expect("not poisoned").owned.is_empty() {
+                EVENTS_SLICE
+            } else {
+                EVENTS_SLICE_ASSIGNED
+            };
+            if self.records.take(&mut out, 1, left.min(slice), &self.topic, &mut errors) > 0 {
                 let room = max.saturating_sub(out.len());
                 self.records.take(&mut out, room, Duration::ZERO, &self.topic, &mut errors);
                 break;
