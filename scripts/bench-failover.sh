@@ -27,7 +27,6 @@ echo "machine: $(nproc) cores; broker: $engine; operations: $ops; load before: $
 readyz() { curl -fs "http://127.0.0.1:$1/readyz" 2>/dev/null || true; }
 # Ready on all 6 partitions.
 all_ready() { readyz "$1" | grep -q '"ready":true,"assigned":true,"partitions":6,'; }
-lag() { curl -fs "http://127.0.0.1:$1/metrics" | awk '/^reconciler_consumer_lag\{/ { s += $2; n++ } END { print (n ? s : -1) }'; }
 metric() { curl -fs "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m { print $2 }'; }
 
 for way in standby changelog input; do
@@ -63,7 +62,7 @@ EOF
   s=$!
   # Both members hold partitions, and everything is processed.
   until readyz 19593 | grep -q '"ready":true' && readyz 19594 | grep -q '"ready":true' \
-    && [ "$(lag 19593)" = 0 ] && [ "$(lag 19594)" = 0 ] && ! all_ready 19594; do sleep 0.2; done # polling interval
+    && [ "$(bench_lag 19593)" = 0 ] && [ "$(bench_lag 19594)" = 0 ] && ! all_ready 19594; do sleep 0.2; done # polling interval
   if [ "$way" = standby ]; then
     # S's standby of A's partitions has caught up with their changelog.
     until [ "$(metric 19594 reconciler_standby_partitions)" -gt 0 ] && [ "$(metric 19594 reconciler_standby_lag_records)" = 0 ]; do sleep 0.2; done # polling interval

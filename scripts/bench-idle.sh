@@ -18,7 +18,8 @@ secs=${IDLE_SECS:-30}
 export BROKER_PORT=${BROKER_PORT:-19592}
 bench_start idle "$engine"
 [ -n "${IDLE_BIN:-}" ] && bin=$IDLE_BIN
-http=127.0.0.1:$((BROKER_PORT + 1))
+port=$((BROKER_PORT + 1))
+http=127.0.0.1:$port
 {
   echo "state_dir = \"$work/state\""
   printf '[http]\nbind = "%s"\n' "$http"
@@ -28,14 +29,12 @@ http=127.0.0.1:$((BROKER_PORT + 1))
 "$bin" loadgen --config "$work/reconciler.toml" --operations 200 --quiet
 "$bin" run --config "$work/reconciler.toml" > "$work/run.log" 2>&1 &
 pid=$!
-ready() { curl -fs -o /dev/null "http://$http/readyz"; }
-lag() { curl -fs "http://$http/metrics" | awk '/^reconciler_consumer_lag\{/ { s += $2; n++ } END { print (n ? s : -1) }'; }
 for _ in $(seq 1 600); do
-  if ready && [ "$(lag)" = 0 ]; then break; fi
+  if bench_ready "$port" && [ "$(bench_lag "$port")" = 0 ]; then break; fi
   kill -0 "$pid" 2>/dev/null || { cat "$work/run.log"; exit 1; }
   sleep 0.1
 done
-ready && [ "$(lag)" = 0 ] || { echo "the pipeline did not catch up"; tail -20 "$work/run.log"; exit 1; }
+bench_ready "$port" && [ "$(bench_lag "$port")" = 0 ] || { echo "the pipeline did not catch up"; tail -20 "$work/run.log"; exit 1; }
 
 ticks() { for t in /proc/"$pid"/task/*; do echo "$(cat "$t/comm")|$(awk '{print $14 + $15}' "$t/stat")|${t##*/}"; done | sort -t'|' -k3; }
 ticks > "$work/before"

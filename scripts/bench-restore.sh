@@ -41,14 +41,11 @@ cfg="$work/reconciler.toml"
 echo "machine: $(nproc) cores; broker: $engine; operations: $ops; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$bin" --config "$cfg" loadgen --operations "$ops" --truth "$work/truth.json" >/dev/null
 
-ready() { curl -fs -o /dev/null "http://127.0.0.1:19493/readyz"; }
-lag() { curl -fs "http://127.0.0.1:19493/metrics" | awk '/^reconciler_consumer_lag\{/ { s += $2; n++ } END { print (n ? s : -1) }'; }
-
 # A: processes everything, then stops (its outputs acknowledged, offsets committed).
 "$bin" --config "$cfg" run >"$work/a.log" 2>&1 &
 pid=$!
 start=$(date +%s.%N)
-until ready && [ "$(lag)" = 0 ]; do sleep 0.2; done # polling interval
+until bench_ready 19493 && [ "$(bench_lag 19493)" = 0 ]; do sleep 0.2; done # polling interval
 echo "A processed the workload in $(echo "$(date +%s.%N) - $start" | bc) s"
 kill -TERM $pid; wait $pid
 
@@ -59,7 +56,7 @@ timed() {
   t0=$(date +%s.%N)
   env "$@" RECONCILER_STATE_DIR="$work/state-$name" "$bin" --config "$cfg" run >"$work/$name.log" 2>&1 &
   pid=$!
-  until ready; do sleep 0.05; done # polling interval
+  until bench_ready 19493; do sleep 0.05; done # polling interval
   t1=$(date +%s.%N)
   kill -TERM $pid; wait $pid
   echo "$(echo "$t1 - $t0" | bc)"
