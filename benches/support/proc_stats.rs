@@ -74,6 +74,13 @@ impl Busy {
         format!("{} cores (of {cores})", each.join(", "))
     }
 
+    /// CPU seconds process `name` used since the start, if it can still
+    /// be read.
+    pub fn cpu_s(&self, name: &str) -> Option<f64> {
+        let (_, pid, cpu0) = self.procs.iter().find(|(n, _, _)| *n == name)?;
+        Some(sample(*pid, self.ticks)?.cpu_s - cpu0)
+    }
+
     /// Wall seconds since the start.
     pub fn elapsed(&self) -> f64 {
         self.started.elapsed().as_secs_f64().max(1e-3)
