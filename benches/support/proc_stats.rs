@@ -65,11 +65,8 @@ impl Busy {
     /// start.
     pub fn report(&self) -> String {
         let wall = self.elapsed();
-        let each: Vec<String> = self
-            .procs
-            .iter()
-            .filter_map(|(n, pid, cpu0)| Some(format!("{n} {:.2}", (sample(*pid, self.ticks)?.cpu_s - cpu0) / wall)))
-            .collect();
+        let each: Vec<String> =
+            self.procs.iter().filter_map(|(n, _, _)| Some(format!("{n} {:.2}", self.cpu_s(n)? / wall))).collect();
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         format!("{} cores (of {cores})", each.join(", "))
     }
