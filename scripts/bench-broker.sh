@@ -7,13 +7,15 @@
 #   BROKER_RATE=15000 scripts/bench-broker.sh sqlite   # another engine (noida too)
 #
 # Two rounds on a fresh broker each: loadgen publishes the 300,000-operation
-# workload (1,072,283 records) at BROKER_RATE; in the second round a bare
-# consumer (`loadgen passthrough`, the pipeline's consumer settings)
-# follows the topic, as the pipeline does. Every 3 s the broker's CPU
-# (/proc/PID/stat, user + system) is printed as a share of one core. On
-# tansu 0.6.0's memory engine the first round stays flat and the second
-# grows with the topic: each fetch lists every batch the partition holds
-# (BENCHMARKS.md, "why the three missed targets are blocked here").
+# workload (1,072,283 records) at BROKER_RATE; in the second round
+# `loadgen passthrough` follows the topic as the pipeline does (its
+# consumer settings; it waits for the topic if it starts first) and
+# produces each record again to bench.broker.copy, a second produce stream
+# as large as the first. Every 3 s while the publisher runs, the broker's
+# CPU (/proc/PID/stat, user + system) is printed as a share of one core.
+# On tansu 0.6.0's memory engine the first round stays flat and the
+# second grows with the topic: each fetch lists every batch the partition
+# holds (BENCHMARKS.md, "why the three missed targets are blocked here").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
@@ -26,7 +28,7 @@ hz=$(getconf CLK_TCK)
 
 round() {
   local follow=$1 pid_broker publisher copier prev now t=0
-  pid_broker=$(cat ".run/broker-$BROKER_PORT.pid")
+  pid_broker=$(cat "${RECONCILER_RUN_DIR:-.run}/broker-$BROKER_PORT.pid") # as scripts/broker.sh names it
   "$bin" loadgen --config "$work/reconciler.toml" --operations 300000 --rate "$rate" --event-time now \
     --truth "$work/truth.json" > "$work/loadgen.log" 2>&1 &
   publisher=$!
@@ -56,5 +58,5 @@ echo "$engine broker, $rate records/s, publishing only:"
 round no
 scripts/broker.sh stop > /dev/null
 scripts/broker.sh start "$engine" > /dev/null
-echo "$engine broker, $rate records/s, a bare consumer following the topic:"
+echo "$engine broker, $rate records/s, a copy (consume, produce again) following the topic:"
 round yes

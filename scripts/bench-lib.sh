@@ -1,6 +1,6 @@
 # Sourced by the benchmarks that run instances of the binary on a broker of
-# their own (bench-restore.sh, bench-failover.sh, bench-idle.sh), after `cd`
-# to the root.
+# their own (bench-restore.sh, bench-failover.sh, bench-idle.sh,
+# bench-broker.sh), after `cd` to the root.
 #
 #   bench_start NAME ENGINE   builds the binary and runs a copy of it
 #                             ($bin: a rebuild in another worktree during the
