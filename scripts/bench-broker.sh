@@ -28,7 +28,8 @@ hz=$(getconf CLK_TCK)
 
 round() {
   local follow=$1 pid_broker publisher copier prev now t=0
-  pid_broker=$(cat "${RECONCILER_RUN_DIR:-.run}/broker-$BROKER_PORT.pid") # as scripts/broker.sh names it
+  pid_broker=$(scripts/broker.sh pid)
+  broker_ticks() { awk '{print $14 + $15}' "/proc/$pid_broker/stat"; }
   "$bin" loadgen --config "$work/reconciler.toml" --operations 300000 --rate "$rate" --event-time now \
     --truth "$work/truth.json" > "$work/loadgen.log" 2>&1 &
   publisher=$!
@@ -37,12 +38,12 @@ round() {
       > "$work/copy.log" 2>&1 &
     copier=$!
   fi
-  prev=$(awk '{print $14 + $15}' "/proc/$pid_broker/stat")
+  prev=$(broker_ticks)
   while kill -0 "$publisher" 2>/dev/null; do
     sleep 3 # the sampling window
     kill -0 "$publisher" 2>/dev/null || break # a window cut short: not printed
     t=$((t + 3))
-    now=$(awk '{print $14 + $15}' "/proc/$pid_broker/stat")
+    now=$(broker_ticks)
     awk -v t="$t" -v d="$((now - prev))" -v hz="$hz" 'BEGIN { printf "  %3d s: broker %.2f cores\n", t, d / hz / 3 }'
     prev=$now
   done

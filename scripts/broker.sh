@@ -8,6 +8,7 @@
 #   scripts/broker.sh stop               stop the broker started by `start`, removing its data
 #   scripts/broker.sh kill               kill -9 it, keeping its data (reliability tests)
 #   scripts/broker.sh restart            start it again on the data a `kill` kept
+#   scripts/broker.sh pid                print the running broker's process id (benchmarks read its CPU)
 #
 # tansu sqlite (default) survives broker kill -9; tansu memory is ~10x
 # faster but is only right for throughput runs from offset 0. noida
@@ -210,5 +211,6 @@ case "${1:-}" in
   stop) stop ;;
   kill) kill9 ;;
   restart) restart ;;
+  pid) [ -f "$PID_FILE" ] || { echo "no broker is running on port $PORT" >&2; exit 1; }; cat "$PID_FILE" ;;
   *) sed -n '2,19p' "$0"; exit 2 ;;
 esac
