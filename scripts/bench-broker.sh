@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The test broker's own cost at a constant rate, with no reconciler: what
-# the latency step of benches/e2e.rs stands on (issue 20).
+# the latency step of benches/e2e.rs stands on.
 #
-#   scripts/bench-broker.sh                  # tansu memory engine, 60,000 records/s
+#   scripts/bench-broker.sh                  # Apache Kafka, 60,000 records/s
 #   BROKER_RATE=30000 scripts/bench-broker.sh
-#   BROKER_RATE=15000 scripts/bench-broker.sh sqlite   # another engine (noida too)
+#   BROKER_RATE=15000 scripts/bench-broker.sh noida    # another broker (scripts/broker.sh engines)
 #
 # Two rounds on a fresh broker each: loadgen publishes the 300,000-operation
 # workload (1,072,283 records) at BROKER_RATE; in the second round
@@ -13,13 +13,10 @@
 # produces each record again to bench.broker.copy, a second produce stream
 # as large as the first. Every 3 s while the publisher runs, the broker's
 # CPU (/proc/PID/stat, user + system) is printed as a share of one core.
-# On tansu 0.6.0's memory engine the first round stays flat and the
-# second grows with the topic: each fetch lists every batch the partition
-# holds (BENCHMARKS.md, "why the three missed targets are blocked here").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-engine=${1:-memory}
+engine=${1:-kafka}
 rate=${BROKER_RATE:-60000}
 export BROKER_PORT=${BROKER_PORT:-19692}
 bench_start broker "$engine"

@@ -9,7 +9,7 @@
 #   changelog  no standby: S restores A's partitions from the changelog
 #   input      no changelog: S replays the input of A's partitions
 #
-#   scripts/bench-failover.sh                      # noida-db, 300,000 operations
+#   scripts/bench-failover.sh                      # Apache Kafka, 300,000 operations
 #   FAILOVER_OPERATIONS=1000000 scripts/bench-failover.sh noida
 #
 # Each way gets its own topics and the same loadgen workload; A and S
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-engine=${1:-noida}
+engine=${1:-kafka}
 ops=${FAILOVER_OPERATIONS:-300000}
 export BROKER_PORT=${BROKER_PORT:-19592}
 bench_start failover "$engine"

@@ -2,8 +2,8 @@
 # Idle cost: the CPU an idle `reconciler run` takes once it has caught up
 # on its input, by thread, as a share of one core.
 #
-#   scripts/bench-idle.sh                     # tansu memory engine, 30 s
-#   IDLE_SECS=60 scripts/bench-idle.sh sqlite
+#   scripts/bench-idle.sh                     # Apache Kafka, 30 s
+#   IDLE_SECS=60 scripts/bench-idle.sh noida
 #   IDLE_BIN=/tmp/reconciler-old scripts/bench-idle.sh   # another binary
 #
 # Steps: loadgen publishes 200 operations; the pipeline consumes them
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-engine=${1:-memory}
+engine=${1:-kafka}
 secs=${IDLE_SECS:-30}
 export BROKER_PORT=${BROKER_PORT:-19592}
 bench_start idle "$engine"

@@ -4,8 +4,8 @@
 # built, restoring from the changelog vs replaying the input, on the same
 # broker and the same log, in one run.
 #
-#   scripts/bench-restore.sh                      # noida-db, 1,000,000 operations
-#   RESTORE_OPERATIONS=200000 scripts/bench-restore.sh sqlite
+#   scripts/bench-restore.sh                      # Apache Kafka, 1,000,000 operations
+#   RESTORE_OPERATIONS=200000 scripts/bench-restore.sh noida
 #
 # Steps: loadgen publishes the workload; instance A processes it to the
 # end and stops; instance B (changelog) and instance C (changelog = "",
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-engine=${1:-noida}
+engine=${1:-kafka}
 ops=${RESTORE_OPERATIONS:-1000000}
 export BROKER_PORT=${BROKER_PORT:-19492}
 bench_start restore "$engine"

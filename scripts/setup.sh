@@ -2,9 +2,9 @@
 # Installs what building and testing need on a fresh machine, skipping what
 # is already there.
 #
-#   scripts/setup.sh           build packages and the demo's broker (noida-db)
+#   scripts/setup.sh           build packages and the local broker (Apache Kafka)
 #   scripts/setup.sh --tests   the same plus what the test suite needs
-#   scripts/setup.sh --build   build packages only (the Dockerfile's builder)
+#   scripts/setup.sh --build   build packages only (the Dockerfile's builder, the demo)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -45,8 +45,9 @@ if [ "$mode" = "--tests" ]; then
   # PostgreSQL: the probe worker's postgres destination is tested against a
   # throw-away cluster (initdb, pg_ctl) the tests start on a private port.
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-  # sqlite3: scripts/broker.sh indexes the test broker's record headers.
-  command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
+  # openssl: the TLS suite makes its certificate authority and the
+  # broker's certificate.
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
@@ -66,10 +67,9 @@ if [ "$mode" = "--tests" ]; then
   done
 fi
 
-# noida-db (about 3 minutes to build) is the demo's broker and the
-# exactly-once suites' (it has Kafka transactions); tansu (about 15) only
-# the suites', which need a broker that survives kill -9.
-"$ROOT/scripts/broker.sh" install noida
-if [ "$mode" = --tests ]; then
-  "$ROOT/scripts/broker.sh" install
-fi
+# Apache Kafka, the local broker of the demo and the tests: its jars from
+# Maven Central, once (about 15 s). It runs on Java 17 or later; Debian's
+# JRE and Maven are installed where missing.
+command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+command -v mvn >/dev/null 2>&1 || apt_install maven
+"$ROOT/scripts/broker.sh" install kafka
