@@ -2,7 +2,7 @@
 //! need the topics made explicitly; existing topics are left as they are.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -63,20 +63,64 @@ pub fn ensure_compacted(
 }
 
 /// Creates the topics of `new` that do not exist; how many it created.
+///
+/// Only the missing ones are asked for: Kafka answers a CreateTopics of an
+/// existing topic with TOPIC_AUTHORIZATION_FAILED when the principal lacks
+/// the Create right, so a deployment on pre-created topics would need a
+/// right it never uses. Returns once every topic it created shows in the
+/// broker's metadata: Kafka answers CreateTopics once its controller has
+/// the topic, and a metadata request right after may still not list it.
 fn create(kafka: &BTreeMap<String, String>, new: Vec<NewTopic<'_>>) -> Result<usize, KafkaError> {
+    let marks = Watermarks::new(kafka)?;
+    let created = create_missing(kafka, &marks, new);
+    super::drop_in_background(marks);
+    created
+}
+
+fn create_missing(
+    kafka: &BTreeMap<String, String>,
+    marks: &Watermarks,
+    new: Vec<NewTopic<'_>>,
+) -> Result<usize, KafkaError> {
+    let missing = new.iter().map(|t| marks.exists(t.name).map(|e| !e)).collect::<Result<Vec<bool>, _>>()?;
+    let new: Vec<NewTopic<'_>> = new.into_iter().zip(missing).filter_map(|(t, m)| m.then_some(t)).collect();
+    if new.is_empty() {
+        return Ok(0);
+    }
     let admin: AdminClient<DefaultClientContext> =
         client_config(&[], kafka, &[]).create().map_err(KafkaError::client("creating the admin client"))?;
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results =
         futures::executor::block_on(admin.create_topics(&new, &opts)).map_err(KafkaError::client("creating topics"))?;
     super::drop_in_background(admin);
-    let mut created = 0;
+    let mut created = Vec::new();
     for r in results {
         match r {
-            Ok(_) => created += 1,
+            Ok(topic) => created.push(topic),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, RDKafkaErrorCode::TopicAuthorizationFailed)) => {
+                return Err(KafkaError::NotAuthorized {
+                    topic,
+                    operation: "Create",
+                    purpose: "create it (it does not exist; or create it beforehand)".into(),
+                })
+            }
             Err((topic, code)) => return Err(KafkaError::Refused { context: format!("creating topic {topic}"), code }),
         }
     }
-    Ok(created)
+    let until = Instant::now() + VISIBLE_WITHIN;
+    for topic in &created {
+        while !marks.exists(topic)? {
+            if Instant::now() >= until {
+                return Err(KafkaError::Timeout(format!(
+                    "topic {topic} was created but the broker's metadata did not list it within {VISIBLE_WITHIN:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50)); // polling interval
+        }
+    }
+    Ok(created.len())
 }
+
+/// How long a created topic may take to show in the broker's metadata.
+const VISIBLE_WITHIN: Duration = Duration::from_secs(30);

@@ -7,6 +7,7 @@ pub mod batch_queue;
 pub mod connect;
 pub mod consumer;
 pub mod keyed;
+pub mod permissions;
 pub mod producer;
 pub mod reader;
 pub mod report_pump;
@@ -66,6 +67,18 @@ pub enum KafkaError {
     /// A topic the configuration names does not exist.
     #[error("topic {0} does not exist (check [topics] in the configuration)")]
     UnknownTopic(String),
+    /// The broker's authorizer does not allow this client's principal an
+    /// operation the reconciler needs on a topic.
+    #[error("the broker does not allow this client's principal to {operation} topic {topic}, which the reconciler needs to {purpose}: grant it with an ACL (README, \"Kafka permissions\")")]
+    NotAuthorized {
+        /// The topic.
+        topic: String,
+        /// The Kafka ACL operation, as `kafka-acls --operation` names it
+        /// (Describe, Read, Write, Create).
+        operation: &'static str,
+        /// What the reconciler needs it for.
+        purpose: String,
+    },
     /// The changelog topic has fewer partitions than the input topic.
     #[error("changelog topic {changelog} has {has} partitions but the input topic has {input}: it needs at least as many (`topics.changelog`)")]
     ChangelogPartitions {
@@ -120,6 +133,7 @@ impl KafkaError {
             KafkaError::Refused { code, .. } | KafkaError::NotAcknowledged { code, .. } => Some(*code),
             KafkaError::AckTimeout { .. } | KafkaError::Timeout(_) | KafkaError::Io { .. } => None,
             KafkaError::UnknownTopic(_)
+            | KafkaError::NotAuthorized { .. }
             | KafkaError::Rebalance(_)
             | KafkaError::ChangelogPartitions { .. }
             | KafkaError::Authentication { .. } => return false,
@@ -382,5 +396,8 @@ mod tests {
         assert!(KafkaError::client("sending")(produce).retriable());
         assert!(KafkaError::AckTimeout { missing: 1, timeout: Duration::from_secs(30) }.retriable());
         assert!(!KafkaError::UnknownTopic("t".into()).retriable());
+        assert!(
+            !KafkaError::NotAuthorized { topic: "t".into(), operation: "Write", purpose: "publish".into() }.retriable()
+        );
     }
 }

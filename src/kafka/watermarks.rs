@@ -49,6 +49,25 @@ impl Watermarks {
         }
     }
 
+    /// Whether `topic` exists. A topic this client's principal may not
+    /// describe is [`KafkaError::NotAuthorized`]: it may exist, and
+    /// creating it would be refused too.
+    pub fn exists(&self, topic: &str) -> Result<bool, KafkaError> {
+        let md = self
+            .client
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .map_err(KafkaError::client(format!("metadata of {topic}")))?;
+        match md.topics().iter().find(|t| t.name() == topic).map(|t| t.error().map(RDKafkaErrorCode::from)) {
+            Some(None) => Ok(true),
+            Some(Some(RDKafkaErrorCode::TopicAuthorizationFailed)) => Err(KafkaError::NotAuthorized {
+                topic: topic.to_owned(),
+                operation: "Describe",
+                purpose: "find it and its partitions".into(),
+            }),
+            _ => Ok(false),
+        }
+    }
+
     /// Every partition of `topic` with its (low, high) watermarks.
     pub fn of_topic(&self, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, KafkaError> {
         topic_watermarks(&self.client, topic)

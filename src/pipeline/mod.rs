@@ -44,7 +44,7 @@ use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::producer::Publisher;
 use crate::kafka::transaction::{Transactions, TxnError};
 use crate::kafka::watermarks::Watermarks;
-use crate::kafka::{admin, KafkaError};
+use crate::kafka::{admin, permissions, KafkaError};
 use crate::metrics::{Metrics, Readiness};
 use crate::records::{OutboxRecord, Record, DLQ_HEADER_ROOM};
 use crate::store::{changelog, Claims, Store, StoreError};
@@ -270,6 +270,13 @@ impl Pipeline {
                 // rather than as the next call's timeout.
                 crate::kafka::connect::check_credentials(&cfg.kafka)?;
                 step("credentials checked");
+                if replay.is_none() {
+                    // A missing right on an existing topic fails now,
+                    // naming the topic and what it is for, not at the first
+                    // verdict after the group assigned partitions.
+                    permissions::check(&cfg.kafka, &topic_needs(t))?;
+                    step("topic rights checked");
+                }
                 admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
                 step("topics ensured");
                 let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
@@ -709,4 +716,28 @@ impl Pipeline {
         self.timers.fired(due);
         Ok(())
     }
+}
+
+/// The topic rights a running pipeline needs (README, "Kafka permissions").
+fn topic_needs(t: &crate::config::Topics) -> Vec<permissions::Need> {
+    use permissions::{Need, Operation::*};
+    let mut needs = vec![
+        Need {
+            topic: t.events.clone(),
+            operations: vec![Read, Write],
+            purpose: "read the events and publish its timers",
+        },
+        Need { topic: t.verdicts.clone(), operations: vec![Write], purpose: "publish verdicts" },
+        Need { topic: t.anomalies.clone(), operations: vec![Write], purpose: "publish anomalies" },
+        Need { topic: t.dlq.clone(), operations: vec![Write], purpose: "publish dead letters" },
+        Need { topic: t.commands.clone(), operations: vec![Write], purpose: "publish repair and probe commands" },
+    ];
+    if let Some(changelog) = t.changelog() {
+        needs.push(Need {
+            topic: changelog.to_owned(),
+            operations: vec![Read, Write],
+            purpose: "write the state changelog and restore from it",
+        });
+    }
+    needs
 }
