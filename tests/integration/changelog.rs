@@ -1,10 +1,11 @@
-//! The state changelog on the real broker (issue 17): a machine replaced
-//! after the input's head is gone restores its partitions from the
-//! changelog, not from the input, and goes on exactly as an instance that
-//! kept its state would have.
+//! The state changelog on Apache Kafka: compacted by the broker's log
+//! cleaner, it is what a machine replaced after the input's head is gone
+//! restores its partitions from, and the instance goes on exactly as one
+//! that kept its state would have.
 
 use crate::common;
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,32 +16,108 @@ use reconciler::clock::system_clock;
 use reconciler::demo;
 use reconciler::pipeline::Pipeline;
 
-/// Instance A processes the first half of the workload and its machine is
-/// replaced: its state directory is gone. Instance B, with an empty
-/// state directory, takes over every partition while the second half
-/// arrives. B restores each partition from the changelog (its log says so
-/// for each, and it applied no input record silently), and every output of
-/// the run equals, byte for byte and in order per key, the reference run
-/// of one uninterrupted instance over the whole input; B's final state
-/// equals the reference state (I1–I4 of tests/integration/common/check.rs).
+/// The changelog topic created beforehand for the log cleaner to work on
+/// it within seconds: segments rolled every 100 ms, cleaned once 1 % of
+/// a log is dirty, tombstones kept 100 ms after their first cleaning.
+fn create_quick_compacting_changelog(cfg: &reconciler::config::Config) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        reconciler::kafka::client_config(&[], &cfg.kafka, &[]).create().unwrap();
+    let topic = NewTopic::new(&cfg.topics.changelog, cfg.topics.partitions, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact")
+        .set("segment.ms", "100")
+        .set("min.cleanable.dirty.ratio", "0.01")
+        .set("min.compaction.lag.ms", "0")
+        .set("delete.retention.ms", "100");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for r in futures::executor::block_on(admin.create_topics(&[topic], &opts)).unwrap() {
+        r.unwrap();
+    }
+}
+
+/// Deletes every record of `topic` below its current end (Kafka's
+/// DeleteRecords): its low watermarks move there.
+fn delete_head(cfg: &reconciler::config::Config, topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        reconciler::kafka::client_config(&[], &cfg.kafka, &[]).create().unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (p, end) in check::end_offsets(cfg, topic) {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Offset(end)).unwrap();
+    }
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let done = futures::executor::block_on(admin.delete_records(&tpl, &opts)).unwrap();
+    for e in done.elements() {
+        assert!(e.error().is_ok(), "deleting the head of {topic}/{}: {:?}", e.partition(), e.error());
+    }
+}
+
+/// The positions of the changelog's tombstones (null values) and the
+/// number of records it holds.
+fn tombstones(cfg: &reconciler::config::Config) -> (BTreeSet<(i32, i64)>, usize) {
+    let records = check::read_all(cfg, &[&cfg.topics.changelog]);
+    (records.iter().filter(|r| r.value.is_none()).map(|r| (r.partition, r.offset)).collect(), records.len())
+}
+
+/// Instance A processes most of the workload, with a short retention, so
+/// that closed operations leave the state and leave tombstones in the
+/// changelog. Apache Kafka's log cleaner compacts the changelog as it
+/// grows: superseded values go, and the tombstones seen earlier go once
+/// their retention passed. Then A's machine is replaced (its state
+/// directory is gone) and the input's head is deleted (DeleteRecords).
+/// Instance B, with an empty state directory, takes over every partition
+/// while the rest arrives: it restores each from the compacted changelog
+/// (its log says so for each, it applied no input record silently), and
+/// every output of the run equals, byte for byte and in order per key, the
+/// reference run of one uninterrupted instance over the whole input; B's
+/// final state equals the reference state (I1–I4 of
+/// tests/integration/common/check.rs).
 #[test]
-fn a_replaced_machine_restores_from_the_changelog_without_the_inputs_head_and_agrees_byte_for_byte() {
+fn a_replaced_machine_restores_from_the_compacted_changelog_without_the_inputs_head_and_agrees_byte_for_byte() {
     let _serial = common::serial();
-    let (run, workload) = Run::prepare("lost-history", 12, 60, None);
-    run.publish_part(&workload, 0, 2);
+    let (run, workload) = Run::prepare_with("lost-history", 12, 60, |cfg| cfg.time.retention_ms = 1_000);
+    create_quick_compacting_changelog(&run.cfg);
+    let parts = 4;
     let dir_a = common::temp_dir("lost-history-a");
     let a = run.spawn_named("a", &dir_a, None);
+    run.publish_part(&workload, 0, parts);
     assert!(run.wait_caught_up(Duration::from_secs(90)), "A did not catch up; log:\n{}", a.log_tail());
+    // Closed operations leave the state once their retention passes.
+    let mut seen = (BTreeSet::new(), 0);
+    let left = common::wait_for(Duration::from_secs(60), || {
+        seen = tombstones(&run.cfg);
+        !seen.0.is_empty()
+    });
+    assert!(left, "no tombstone in the changelog: no operation left retention; log:\n{}", a.log_tail());
+    let first_tombstones = seen.0.clone();
+    // The cleaner works as the changelog grows: the rest of A's share.
+    for part in 1..parts - 1 {
+        run.publish_part(&workload, part, parts);
+    }
+    assert!(run.wait_caught_up(Duration::from_secs(90)), "A did not catch up; log:\n{}", a.log_tail());
+    let written =
+        |cfg: &reconciler::config::Config| -> i64 { check::end_offsets(cfg, &cfg.topics.changelog).values().sum() };
+    let compacted = common::wait_for(Duration::from_secs(90), || {
+        seen = tombstones(&run.cfg);
+        (seen.1 as i64) < written(&run.cfg) && first_tombstones.iter().any(|t| !seen.0.contains(t))
+    });
+    let dropped = first_tombstones.iter().filter(|t| !seen.0.contains(t)).count();
+    assert!(
+        compacted,
+        "the changelog was not compacted within 90 s: {} records of {} written; {dropped} of the first {} tombstones dropped",
+        seen.1,
+        written(&run.cfg),
+        first_tombstones.len()
+    );
     a.stop();
     std::fs::remove_dir_all(&dir_a).unwrap();
-    let head = common::check::read_all(&run.cfg, &[&run.cfg.topics.events]).len();
-    // The head of the input is not deleted: DeleteRecords on tansu 0.6.0
-    // left the broker answering no produce or CreateTopics request
-    // (RELIABILITY.md). B is shown not to read it instead: it restores
-    // every partition from the changelog and applies no input record
-    // below the changelog's offsets.
+    // The input's head, kept to check against, then deleted from the log.
+    let head = check::read_all(&run.cfg, &[&run.cfg.topics.events]);
+    delete_head(&run.cfg, &run.cfg.topics.events);
+    let marks = reconciler::kafka::reader::watermarks(&run.cfg.kafka, &run.cfg.topics.events).unwrap();
+    assert!(marks.values().all(|(low, high)| low == high), "the head was not deleted: {marks:?}");
 
-    run.publish_part(&workload, 1, 2);
+    run.publish_part(&workload, parts - 1, parts);
     let dir_b = common::temp_dir("lost-history-b");
     let b = run.spawn_named("b", &dir_b, None);
     let log_b = b.log.clone();
@@ -55,8 +132,11 @@ fn a_replaced_machine_restores_from_the_changelog_without_the_inputs_head_and_ag
         if let Err(why) = settled {
             panic!("B did not settle: {why}; log:\n{tail}\nB did not settle: {why}");
         }
-        let input = common::check::read_all(&run.cfg, &[&run.cfg.topics.events]);
-        assert!(input.len() > head, "the second half arrived");
+        let tail = common::check::read_all(&run.cfg, &[&run.cfg.topics.events]);
+        assert!(!tail.is_empty(), "the last part arrived");
+        let mut input = head.clone();
+        input.extend(tail);
+        input.sort_by_key(|r| (r.partition, r.offset));
         let outputs = common::check::read_all(&run.cfg, &common::check::output_topics(&run.cfg));
         common::check::check(&run.cfg, &input, &outputs, &[&dir_b])
     };
@@ -67,7 +147,12 @@ fn a_replaced_machine_restores_from_the_changelog_without_the_inputs_head_and_ag
     let stats = log.lines().find(|l| l.starts_with("child stats:")).expect("B printed its stats");
     assert!(stats.contains(" restored: 0,"), "B applied input records silently: {stats}");
     f.iterations = 1;
-    f.print(&format!("lost history ({from_changelog} partitions restored from the changelog, input head never read)"));
+    f.print(&format!(
+        "compacted changelog ({} of {} records left, {dropped} of {} early tombstones dropped; {from_changelog} partitions restored, input head deleted)",
+        seen.1,
+        written(&run.cfg),
+        first_tombstones.len()
+    ));
     assert_eq!((f.losses, f.divergent), (0, 0));
 }
 

@@ -1,8 +1,8 @@
-//! `guarantee = "exactly_once"` (issue 16) on a broker with Kafka
-//! transactions: noida-db 0.2.3, started by these tests on a port of their
-//! own (`scripts/broker.sh start noida`; the rest of the suite runs on tansu,
-//! which has no transactions). noida-db keeps its data in memory, so no test
-//! here kills the broker; the broker-bounce suite stays on tansu (sqlite).
+//! `guarantee = "exactly_once"` on Apache Kafka's transactions: crashes at
+//! every crash point of a transaction, a zombie fenced by its lost
+//! generation (KIP-447), a zombie fenced by its transactional id, and a
+//! transaction left open by a killed instance that the broker aborts when
+//! its transaction timeout passes.
 //!
 //! Every check reads the outputs as a `read_committed` downstream service
 //! would, and asserts the invariants of tests/integration/common/check.rs
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::check::{self, Figures};
 use common::child::Instance;
-use common::run::{broker_engine, stopped, wait_crash, BounceBroker, Run};
+use common::run::{stopped, wait_crash, Run};
 use common::wait_for;
 use reconciler::config::{Config, Guarantee};
 use reconciler::kafka::reader::Isolation;
@@ -26,54 +26,26 @@ fn full() -> bool {
     std::env::var("RELIABILITY_FULL").is_ok_and(|v| v == "1")
 }
 
-/// The port of the test broker (KAFKA_BROKERS) plus three (the bounce and
-/// verify suites take +1 and +2), or `EOS_BROKER_PORT`.
-fn noida_port() -> u16 {
-    let port: u16 = common::brokers().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(9092);
-    std::env::var("EOS_BROKER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(port + 3)
-}
-
-/// A noida-db broker for one test, stopped however the test ends.
-fn start_noida() -> (String, BounceBroker) {
-    let port = noida_port();
-    broker_engine("start", port, "noida");
-    (format!("127.0.0.1:{port}"), BounceBroker(port))
-}
-
-/// noida-db 0.2.3 never removes a member that died without leaving (it
-/// checks a session only when that member heartbeats again), so a group
-/// with a killed member never completes a rebalance led by it. Suites that
-/// restart one instance give it a static membership (`group.instance.id`,
-/// as users of Kafka Streams do to ride out restarts): the restarted
-/// process takes its dead predecessor's place in the group at once.
+/// A restarted instance keeps the group membership of the one it replaces
+/// (`group.instance.id`, as users of Kafka Streams do to ride out
+/// restarts): it takes its dead predecessor's place in the group at once,
+/// instead of waiting for that member's session to expire. The crash suite
+/// restarts an instance after each of its 30-odd crashes.
 fn static_member(run: &mut Run) {
     let id = format!("{}-member-0", run.cfg.consumer.group_id);
     run.cfg.kafka.insert("group.instance.id".into(), id);
     run.config_file = common::child::write_config(&run.cfg, &run.dir);
 }
 
-/// An exactly-once run on `brokers`: short session (a stopped member's
-/// partitions move on quickly), and fetches as large as noida-db answers
-/// them (it ignores the fetch size limits). noida-db completes a rebalance
-/// without a member that stopped heartbeating only once the rebalance
-/// timeout (librdkafka's `max.poll.interval.ms`, 5 minutes by default) has
-/// passed, not when that member's session expires as Apache Kafka does: a
-/// short one lets a survivor in within seconds of a crash. Settling does not nudge the group: a visitor's
-/// join would start yet another rebalance that waits for that timeout.
-fn exactly_once(
-    name: &str,
-    copies: usize,
-    batch_size: usize,
-    brokers: &str,
-) -> (Run, Vec<reconciler::records::InputRecord>) {
-    let (mut run, workload) = Run::prepare_with(name, copies, batch_size, |cfg: &mut Config| {
-        cfg.kafka.insert("bootstrap.servers".into(), brokers.to_owned());
-        cfg.kafka.insert("receive.message.max.bytes".into(), "104857600".into());
+/// An exactly-once run on the test broker, with the short session of the
+/// reliability runs (a stopped member's partitions move on quickly) and a
+/// short rebalance timeout (a member killed in the middle of a join holds
+/// the next rebalance no longer than that).
+fn exactly_once(name: &str, copies: usize, batch_size: usize) -> (Run, Vec<reconciler::records::InputRecord>) {
+    Run::prepare_with(name, copies, batch_size, |cfg: &mut Config| {
         cfg.kafka.insert("max.poll.interval.ms".into(), "10000".into());
         cfg.guarantee = Guarantee::ExactlyOnce;
-    });
-    run.nudges = false;
-    (run, workload)
+    })
 }
 
 /// Settles the run and checks it; then asserts exactly once: nothing lost,
@@ -86,11 +58,11 @@ fn settle_exactly_once(run: &Run, running: Vec<Instance>, dirs: &[&std::path::Pa
 
 /// One seeded iteration: a crash at a crash point chosen by `seed % 6`,
 /// then a `kill -9` at a random moment, then a survivor.
-fn crash_iteration(seed: u64, brokers: &str) -> Figures {
+fn crash_iteration(seed: u64) -> Figures {
     let mut rng = Rng::new(seed);
     let copies = 4 + rng.below(if full() { 16 } else { 6 }) as usize;
     let batch_size = 10 + rng.below(90) as usize;
-    let (mut run, workload) = exactly_once(&format!("eos-crash{seed}"), copies, batch_size, brokers);
+    let (mut run, workload) = exactly_once(&format!("eos-crash{seed}"), copies, batch_size);
     static_member(&mut run);
     reconciler::demo::publish(&run.cfg, &workload).unwrap();
     let scenario = (seed % 6) as usize;
@@ -151,47 +123,40 @@ fn crash_iteration(seed: u64, brokers: &str) -> Figures {
 #[test]
 fn exactly_once_crash_suite_each_output_once_byte_identical() {
     let _serial = common::serial();
-    let (brokers, _broker) = start_noida();
     let iterations = if full() { 30 } else { 15 };
     let base: u64 = std::env::var("RELIABILITY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     let mut total = Figures::default();
     for seed in base..base + iterations {
-        total.add(&crash_iteration(seed, &brokers));
+        total.add(&crash_iteration(seed));
     }
     total.print("exactly-once crash suite");
     assert_eq!((total.losses, total.divergent, total.duplicates), (0, 0, 0));
     assert!(total.crashes >= 30, "{} crashes", total.crashes);
 }
 
-/// An exactly-once run of the demo workload (4 copies, batches of 30) on
-/// its own noida-db, crashed once at `failpoints`, then settled by a
-/// restarted instance and checked for exactly once. The broker stops when
-/// the returned guard is dropped.
-fn crash_once_and_settle(name: &str, failpoints: &str) -> (Run, Figures, BounceBroker) {
-    let (brokers, broker) = start_noida();
-    let (mut run, workload) = exactly_once(name, 4, 30, &brokers);
+/// An exactly-once run of the demo workload (4 copies, batches of 30),
+/// crashed once at `failpoints`, then settled by a restarted instance and
+/// checked for exactly once.
+fn crash_once_and_settle(name: &str, failpoints: &str) -> (Run, Figures) {
+    let (mut run, workload) = exactly_once(name, 4, 30);
     static_member(&mut run);
     reconciler::demo::publish(&run.cfg, &workload).unwrap();
     let mut i = run.spawn(Some(failpoints));
     assert!(wait_crash(&mut i, Duration::from_secs(90)), "never crashed; log:\n{}", i.log_tail());
     let survivor = run.spawn(None);
     let f = settle_exactly_once(&run, vec![survivor], &[&run.cfg.state_dir], name);
-    (run, f, broker)
+    (run, f)
 }
 
 /// A crash in the middle of a timer firing (its `DeadlineReached` events
 /// sent, their acknowledgements not awaited): the restarted
 /// instance judges every overdue operation, each verdict once. The timers'
 /// events are input, not outputs, so they are not published in a
-/// transaction: an aborted firing would leave an abort marker in the input
-/// topic, and on noida-db a `read_committed` consumer past that marker
-/// never sees the same producer's later records there (RELIABILITY.md,
-/// "A read_committed fetch lists every past aborted transaction"), so
-/// the firing done again after the restart would never be consumed.
+/// transaction (a timer fired twice is judged once: src/pipeline/mod.rs).
 #[test]
 fn a_timer_firing_cut_short_is_judged_once_after_the_restart() {
     let _serial = common::serial();
-    let (_, f, _broker) = crash_once_and_settle("eos-timer-cut", &format!("{TIMER_SENT}=return"));
+    let (_, f) = crash_once_and_settle("eos-timer-cut", &format!("{TIMER_SENT}=return"));
     println!("timer firing cut short: {} outputs read committed, each once", f.outputs);
 }
 
@@ -201,8 +166,7 @@ fn a_timer_firing_cut_short_is_judged_once_after_the_restart() {
 #[test]
 fn read_uncommitted_sees_aborted_outputs_read_committed_never_does() {
     let _serial = common::serial();
-    let (run, f, _broker) =
-        crash_once_and_settle("eos-isolation", &format!("{}=2*off->return", EXACTLY_ONCE_CRASH_POINTS[0]));
+    let (run, f) = crash_once_and_settle("eos-isolation", &format!("{}=2*off->return", EXACTLY_ONCE_CRASH_POINTS[0]));
     let topics = check::output_topics(&run.cfg);
     let committed = check::read_all_with(&run.cfg, &topics, Isolation::ReadCommitted);
     let uncommitted = check::read_all_with(&run.cfg, &topics, Isolation::ReadUncommitted);
@@ -229,27 +193,40 @@ fn read_uncommitted_sees_aborted_outputs_read_committed_never_does() {
     assert_eq!(distinct(&uncommitted), distinct(&committed), "the aborted records are the ones committed later");
 }
 
+/// The transaction timeout of a run's instances (`transaction.timeout.ms`):
+/// the broker aborts a transaction left open longer than that. The test
+/// broker checks for such transactions every second
+/// (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, set by
+/// scripts/test.sh).
+fn transaction_timeout(run: &mut Run, ms: u32) {
+    run.cfg.kafka.insert("transaction.timeout.ms".into(), ms.to_string());
+    run.config_file = common::child::write_config(&run.cfg, &run.dir);
+}
+
+/// Whether `log` says, `n` times or more, that an instance's transaction
+/// was aborted.
+fn aborted_in(log: &std::path::Path) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().matches("its transaction was aborted").count()
+}
+
 /// A member stopped (SIGSTOP) inside its open transaction, past its
-/// session, while input keeps arriving: when resumed it must assume its
-/// partitions are gone (on Apache Kafka the group has given them to the
-/// other member by then, and refuses the stale generation's offsets) and
-/// abort the transaction instead of committing it; read_committed outputs
-/// then hold each output once and nothing of that transaction.
-///
-/// noida-db 0.2.3 does not expire the stopped member (broker_gaps.rs), so
-/// the other member takes the partitions over only once the zombie, resumed,
-/// heartbeats and is told it is no longer a member: the test checks the
-/// zombie's side (its stall rule aborts the transaction it held) and the
-/// outputs read committed (each once, each one the reference run has), not
-/// the takeover during the stall, which the tansu rebalance suite covers
-/// for at_least_once. Checked: it fails with the stall rule before the
-/// commit disabled.
+/// session, while input keeps arriving. The broker expires it and gives
+/// its partitions to the other member, which takes them over while the
+/// zombie is still stopped: the offsets the zombie sent in its
+/// transaction stay pending until the broker aborts that transaction at
+/// its timeout, and only then can the other member read where the
+/// partitions stand. Resumed, the zombie commits nothing: it aborts (its
+/// stall rule), or the broker, which has bumped its producer epoch, fences
+/// it and it stops (KIP-447 would refuse its stale generation's offsets
+/// besides). read_committed outputs then hold each output once and nothing
+/// of that transaction, byte-identical to the reference run.
 #[test]
-fn a_zombie_stopped_in_its_transaction_commits_nothing() {
+fn a_zombie_stopped_in_its_transaction_loses_its_partitions_and_commits_nothing() {
     let _serial = common::serial();
-    let (brokers, _broker) = start_noida();
-    let (run, workload) = exactly_once("eos-zombie", 6, 20, &brokers);
+    let (mut run, workload) = exactly_once("eos-zombie", 6, 20);
+    transaction_timeout(&mut run, 10_000);
     let (dir_a, dir_b) = (run.cfg.state_dir.clone(), common::temp_dir("eos-zombie-b-state"));
+    let partitions = run.cfg.topics.partitions as usize;
     run.publish_part(&workload, 0, 2);
     let a = run.spawn_named("a", &dir_a, None);
     assert!(run.wait_caught_up(Duration::from_secs(90)), "the first instance did not catch up");
@@ -261,54 +238,90 @@ fn a_zombie_stopped_in_its_transaction_commits_nothing() {
         b.log_tail()
     );
     run.publish_part(&workload, 1, 2);
-    // The stall itself: longer than the 6 s session.
-    std::thread::sleep(Duration::from_secs(8));
+    let stalled = Instant::now();
+    let took_over =
+        wait_for(Duration::from_secs(90), || a.owned() == partitions) && run.wait_caught_up(Duration::from_secs(90));
+    assert!(took_over, "A did not take B's partitions over while B was stopped; log:\n{}", a.log_tail());
+    let takeover = stalled.elapsed();
     common::child::signal(b.pid(), "CONT");
+    // Resumed, B finds its transaction gone: the broker aborted it at its
+    // timeout and bumped its producer epoch. B either aborts first (its
+    // stall rule) or is refused at the end of the transaction as fenced
+    // and stops, exit non-zero, as a producer of a past epoch must; then
+    // its supervisor starts it again.
     let log_b = run.dir.join("b.log");
-    let aborted = || std::fs::read_to_string(&log_b).unwrap_or_default().matches("its transaction was aborted").count();
-    assert!(
-        wait_for(Duration::from_secs(30), || aborted() > 0),
-        "the zombie's transaction was not aborted; log:\n{}",
-        b.log_tail()
-    );
-    // No settling afterwards: noida-db 0.2.3's group coordinator does not
-    // bring two members that rejoin after a stall back to a stable
-    // assignment (it handed one partition to both and kept rebalancing for
-    // minutes; RELIABILITY.md). Both instances are killed instead, and their
-    // transactional ids initialised once more, which aborts whatever they
-    // left open (as their restart would), so that read_committed readers
-    // can read to the end.
-    b.kill9();
-    a.kill9();
-    for dir in [&dir_a, &dir_b] {
-        let id = Config { state_dir: dir.clone(), ..run.cfg.clone() }.transactional_id();
-        let fence: rdkafka::producer::BaseProducer =
-            reconciler::kafka::client_config(&[], &run.cfg.kafka, &[("transactional.id", id.as_str())])
-                .create()
-                .unwrap();
-        rdkafka::producer::Producer::init_transactions(&fence, Duration::from_secs(30)).unwrap();
-    }
-    // Every output read committed is one the reference run has, and none is
-    // there twice: nothing of the zombie's transaction became visible.
-    let input = check::read_all(&run.cfg, &[&run.cfg.topics.events]);
-    let reference: std::collections::HashSet<_> = check::reference(&run.cfg, &input)
-        .streams
-        .into_values()
-        .flatten()
-        .map(|o| (o.topic, o.key, o.value, o.headers))
-        .collect();
-    let outputs = check::read_all(&run.cfg, &check::output_topics(&run.cfg));
-    let mut seen = std::collections::HashSet::new();
-    for r in &outputs {
-        let id = (r.topic.to_string(), r.key.clone(), r.value.clone(), r.headers.clone());
-        assert!(reference.contains(&id), "an output on {} the reference run does not have", r.topic);
-        assert!(seen.insert(id), "an output on {} read twice by read_committed", r.topic);
-    }
-    let aborted = aborted();
-    assert!(!outputs.is_empty());
+    let mut b = b;
+    let ended = wait_for(Duration::from_secs(60), || aborted_in(&log_b) > 0 || b.exited().is_some());
+    assert!(ended, "the zombie neither aborted nor stopped; log:\n{}", b.log_tail());
+    let fenced = match b.exited() {
+        Some(status) => {
+            assert!(!status.success(), "a fenced zombie exits non-zero");
+            let log = std::fs::read_to_string(&log_b).unwrap_or_default();
+            assert!(log.contains("fenced"), "the zombie stopped for another reason; log:\n{log}");
+            true
+        }
+        None => false,
+    };
+    let b = if fenced { run.spawn_named("b", &dir_b, None) } else { b };
+    let mut f = settle_exactly_once(&run, vec![a, b], &[&dir_a, &dir_b], "zombie");
+    f.iterations = 1;
+    f.crashes = 1;
+    f.print("exactly-once zombie suite");
     println!(
-        "exactly-once zombie suite: {} outputs read committed, each once and each in the reference; {aborted} zombie transactions aborted",
-        outputs.len()
+        "exactly-once zombie suite: A owned every partition and had caught up {:.1} s into B's stall; the resumed zombie {}",
+        takeover.as_secs_f64(),
+        if fenced { "was fenced by the broker and restarted" } else { "aborted its transaction" }
+    );
+}
+
+/// An instance killed (-9) inside its open transaction and never started
+/// again: nothing will ever end that transaction but the broker, which
+/// aborts it once its transaction timeout passes. Until then a
+/// read_committed reader of the outputs stops at the transaction's first
+/// record (the last stable offset); after, it reads to the end. The
+/// instance that takes over, with a state directory (so a transactional
+/// id) of its own, settles the run: each output once, nothing of the
+/// killed instance's open transaction.
+#[test]
+fn a_transaction_left_open_by_a_killed_instance_is_aborted_at_its_timeout() {
+    let _serial = common::serial();
+    let (mut run, workload) = exactly_once("eos-abandoned", 4, 30);
+    transaction_timeout(&mut run, 10_000);
+    reconciler::demo::publish(&run.cfg, &workload).unwrap();
+    let dir_2 = common::temp_dir("eos-abandoned-2-state");
+    let first = run.spawn(Some(&format!("{}=2*off->return(stop)", EXACTLY_ONCE_CRASH_POINTS[0])));
+    assert!(
+        wait_for(Duration::from_secs(60), || stopped(first.pid())),
+        "the instance never reached its stop point; log:\n{}",
+        first.log_tail()
+    );
+    first.kill9();
+    let killed = Instant::now();
+    // The open transaction holds the last stable offset of some output
+    // partition below its high watermark.
+    let topics = check::output_topics(&run.cfg);
+    let held = || {
+        topics.iter().any(|t| {
+            let high = check::end_offsets_with(&run.cfg, t, Isolation::ReadUncommitted);
+            let stable = check::end_offsets_with(&run.cfg, t, Isolation::ReadCommitted);
+            high != stable
+        })
+    };
+    assert!(held(), "no output partition is held by the killed instance's open transaction");
+    assert!(
+        wait_for(Duration::from_secs(60), || !held()),
+        "the broker did not abort the abandoned transaction within 60 s"
+    );
+    let released = killed.elapsed();
+    assert!(released >= Duration::from_secs(9), "released after {released:?}, before the 10 s timeout could pass");
+    let second = run.spawn_named("second", &dir_2, None);
+    let mut f = settle_exactly_once(&run, vec![second], &[&run.cfg.state_dir, &dir_2], "abandoned transaction");
+    f.iterations = 1;
+    f.crashes = 1;
+    f.print("exactly-once abandoned transaction");
+    println!(
+        "exactly-once abandoned transaction: aborted by the broker {:.1} s after the kill (timeout 10 s)",
+        released.as_secs_f64()
     );
 }
 
@@ -320,8 +333,7 @@ fn a_zombie_stopped_in_its_transaction_commits_nothing() {
 #[test]
 fn the_broker_fences_a_zombie_with_the_same_transactional_id() {
     let _serial = common::serial();
-    let (brokers, _broker) = start_noida();
-    let (mut run, workload) = exactly_once("eos-fence", 6, 20, &brokers);
+    let (mut run, workload) = exactly_once("eos-fence", 6, 20);
     // A long session: only the broker's fence can stop the zombie.
     run.cfg.kafka.insert("session.timeout.ms".into(), "45000".into());
     run.cfg.kafka.insert("max.poll.interval.ms".into(), "60000".into());

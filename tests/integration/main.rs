@@ -12,13 +12,13 @@
 
 mod common;
 
-mod broker_gaps;
 mod changelog;
 mod consumer;
 mod demo;
 mod deploy;
 mod exactly_once;
 mod fleet;
+mod group_and_transactions;
 mod http;
 mod interop;
 mod loadgen;

@@ -293,22 +293,11 @@ fn overdue_operation_on_an_idle_partition_is_judged_within_three_seconds() {
 /// Regression (review): "caught up" once meant "nothing new since the last
 /// batch", so a partition with steady traffic never fired its timers (this
 /// test then fails with no verdict at all). The bound is wider than on an
-/// idle partition: the timer queues behind the traffic, and the local
-/// broker's sqlite engine takes a few hundred milliseconds per produce.
+/// idle partition: the timer queues behind the traffic.
 #[test]
 fn overdue_operation_on_a_busy_partition_is_judged_while_traffic_continues() {
     let _serial = common::serial();
     overdue_within_three_seconds(true);
-}
-
-/// A fresh sqlite broker (the same engine as the shared one), stopped
-/// however the test ends, on a port of its own: the bounce suite's plus
-/// five (+1 to +4 are the verify, noida-db, SCRAM and relay-outage
-/// brokers').
-fn own_broker() -> (String, common::run::BounceBroker) {
-    let port = common::run::bounce_port() + 5;
-    common::run::broker("start", port);
-    (format!("127.0.0.1:{port}"), common::run::BounceBroker(port))
 }
 
 /// The input record of an idempotent operation's `Requested` (first of
@@ -330,14 +319,6 @@ fn requested_record(codec: &Codec, topic: &str, ids: (&str, &str, &str, &str), o
 
 fn overdue_within_three_seconds(busy: bool) {
     let mut cfg = config("overdue");
-    // A broker of its own: these two tests bound a latency, and the shared
-    // test broker (tansu 0.6.0, sqlite) right after the kill -9 test has
-    // been seen to answer nothing for 20 s (with librdkafka's debug=fetch:
-    // fetch and metadata requests of this test's clients timed out again
-    // and again, the pipeline's and the reader's alike), in 4 of the
-    // last 5 full runs and never with the tests run alone.
-    let (brokers, _broker) = own_broker();
-    cfg.kafka.insert("bootstrap.servers".into(), brokers);
     cfg.types.insert(
         "quick".into(),
         reconciler::config::TypeConfig { confirm_within_ms: Some(2_000), ..Default::default() },
@@ -569,29 +550,16 @@ fn kill_9_and_restart_loses_nothing_and_applies_nothing_twice() {
         let child = Instance::spawn(&config_file, None, None, &log);
         // Let it get some way in, then kill -9 in the middle of the stream.
         let target = predicted * (round + 1) / 5;
-        // Ten seconds at a time: one past the dead member's session, after
-        // which an instance left without partitions needs a nudge.
-        let until = std::time::Instant::now() + Duration::from_secs(60);
-        let mut got_there = false;
-        while !got_there && std::time::Instant::now() < until {
-            got_there = reader.read_until(Duration::from_secs(10), |recs| recs.len() >= target);
-            if !got_there && child.owned() < 3 {
-                common::run::nudge_group(&cfg);
-            }
-        }
+        // The previous instance's partitions come once its session expires.
+        let got_there = reader.read_until(Duration::from_secs(60), |recs| recs.len() >= target);
         assert!(got_there, "round {round}: no progress; log (last lines first):\n{}", child.log_tail());
         child.kill9();
         kills += 1;
     }
     let child = Instance::spawn(&config_file, None, None, &log);
-    // The local broker can leave an instance started right after a kill
-    // without partitions until the group is joined again (see
-    // `nudge_group`): settling nudges it while the survivor owns less than
-    // every partition.
-    let mut nudger = common::run::Nudger::new(true);
-    let settled = check::wait_settled(&cfg, predicted, Duration::from_secs(90), || {
-        nudger.owns_all(&cfg, child.owned(), 3) && child.ready()
-    });
+    // Settled includes the survivor owning every partition: the last
+    // killed member's session expires first.
+    let settled = check::wait_settled(&cfg, predicted, Duration::from_secs(90), || child.owned() == 3 && child.ready());
     let tail = child.log_tail();
     child.stop();
     if let Err(why) = settled {

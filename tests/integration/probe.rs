@@ -306,26 +306,16 @@ fn a_killed_probe_worker_loses_no_probe_and_contradicts_no_answer() {
     };
     let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.events], cfg.topics.partitions).unwrap();
     let log = dir.join("probe.log");
-    // A restarted worker may join while the crashed one, the group's
-    // leader, expires: the test broker (tansu 0.6.0) can then keep the
-    // group stable with nothing assigned (RELIABILITY.md, "A group stable
-    // with nothing assigned"). As the pipeline suites do, a visitor's join
-    // makes the group form again, here when no answer came for 3 s.
+    // A restarted worker takes the crashed one's partitions once that
+    // member's session expires.
     let wait_for = |reader: &mut TopicReader, n: usize, what: &str| {
         let until = Instant::now() + Duration::from_secs(90);
-        let (mut seen, mut since) = (0, Instant::now());
         loop {
             let got = answers(reader).len();
             if got >= n {
                 return got;
             }
             assert!(Instant::now() < until, "{what}: {got} of {n} answers; log:\n{}", common::child::tail(&log));
-            if got > seen {
-                (seen, since) = (got, Instant::now());
-            } else if since.elapsed() >= Duration::from_secs(3) {
-                common::run::nudge(&cfg, &cfg.probe.group_id, &cfg.topics.commands);
-                since = Instant::now();
-            }
         }
     };
 

@@ -33,16 +33,7 @@ fn count(log: &std::path::Path, what: &str) -> usize {
 #[test]
 fn scaling_1_3_2_under_load_restores_moved_partitions_from_the_changelog_and_agrees() {
     let _serial = common::serial();
-    // A broker of its own (the bounce suite's port; the suites run one at
-    // a time): on the shared tansu broker, after a few dozen suites' topics,
-    // this test's three members and loadgen saw produce acknowledgements
-    // time out (30 s) and no progress in a partition for a minute; on a
-    // fresh one it passed every time.
-    let port = common::run::bounce_port();
-    common::run::broker("start", port);
-    let _broker = common::run::BounceBroker(port);
     let mut cfg = common::config("scale");
-    cfg.kafka.insert("bootstrap.servers".into(), format!("127.0.0.1:{port}"));
     cfg.topics = reconciler::config::Topics::named(&common::unique("scale"), PARTITIONS);
     cfg.consumer.batch_size = 500;
     cfg.kafka.insert("session.timeout.ms".into(), "6000".into());

@@ -175,51 +175,129 @@ fn forged_control_events_change_nothing_signed_ones_apply_and_a_replay_agrees() 
     );
 }
 
-/// Issue 18, part 4: the pipeline against a broker that enforces SASL
-/// (tansu 0.6.0 with SCRAM-SHA-256, `scripts/broker.sh start scram`, on a
-/// port of its own): with the right credentials from `[kafka]` it runs the
-/// demo workload to its predicted verdicts; with a wrong password it fails
-/// at start-up, at once, with the broker's reason. (TLS: neither local
-/// broker has it working; RELIABILITY.md says why.)
-#[test]
-fn the_pipeline_authenticates_with_sasl_scram_and_wrong_credentials_fail_at_start() {
-    let _serial = common::serial();
-    let port = common::run::bounce_port() + 3;
-    common::run::broker_engine("start", port, "scram");
-    let _broker = common::run::BounceBroker(port);
-    let mut cfg = config("scram");
-    reconciler::demo::configure(&mut cfg);
-    for (k, v) in [
-        ("bootstrap.servers", format!("127.0.0.1:{port}")),
-        ("security.protocol", "SASL_PLAINTEXT".into()),
-        ("sasl.mechanisms", "SCRAM-SHA-256".into()),
-        ("sasl.username", "reconciler".into()),
-        ("sasl.password", "reconciler-scram-secret".into()),
-    ] {
-        cfg.kafka.insert(k.into(), v);
+/// The ACLs README's "Kafka permissions" table lists, for `cfg`: one
+/// (resource type, name, operations) per row.
+fn readme_acls(cfg: &reconciler::config::Config) -> Vec<(String, String, Vec<String>)> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme.split("### Kafka permissions").nth(1).expect("README has a Kafka permissions section");
+    let t = &cfg.topics;
+    let txn = cfg.transactional_id();
+    let mut rows = Vec::new();
+    for line in section.lines().take_while(|l| !l.starts_with('#')) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 5 || cells[1] == "resource" || cells[1].starts_with("---") {
+            continue;
+        }
+        let name = match cells[2].trim_matches('`') {
+            "topics.events" => t.events.clone(),
+            "topics.verdicts" => t.verdicts.clone(),
+            "topics.anomalies" => t.anomalies.clone(),
+            "topics.dlq" => t.dlq.clone(),
+            "topics.commands" => t.commands.clone(),
+            "topics.changelog" => t.changelog.clone(),
+            "consumer.group_id" => cfg.consumer.group_id.clone(),
+            "consumer.transactional_id" => txn.clone(),
+            other => panic!("README's Kafka permissions name a setting this test does not know: {other}"),
+        };
+        let ops = cells[3].split(',').map(|o| o.trim().to_owned()).collect();
+        rows.push((cells[1].to_owned(), name, ops));
     }
+    assert!(rows.len() >= 8, "README's Kafka permissions table: {rows:?}");
+    rows
+}
+
+/// `scripts/broker.sh acl` on `port`: `verb` (--add or --remove) the
+/// ALLOW of `operations` on resource `kind` `name` for User:reconciler.
+fn acl(port: u16, tls: &std::path::Path, verb: &str, kind: &str, name: &str, operations: &[String]) {
+    let flag = format!("--{kind}");
+    let mut args = vec!["acl", verb, "--force", "--allow-principal", "User:reconciler", flag.as_str(), name];
+    for op in operations {
+        args.extend(["--operation", op.as_str()]);
+    }
+    common::run::broker_script(port, &args, &[("BROKER_TLS_DIR", tls.to_str().unwrap())]);
+}
+
+/// The pipeline against Apache Kafka with SASL/SCRAM-SHA-256 over TLS
+/// (`SASL_SSL`; a certificate authority and a broker certificate made
+/// here) and the KRaft authorizer, nothing allowed without an ACL (`
+/// scripts/broker.sh start kafka-secure`, on a port of its own). The
+/// reconciler's principal is granted exactly the ACLs README lists, on
+/// topics created beforehand by an administrator:
+/// - a wrong password fails at start-up, at once, with the broker's reason;
+/// - without Write on the verdicts topic, the start is refused, naming the
+///   topic, the operation and what it is for;
+/// - with the listed rights, it runs the demo workload to its predicted
+///   verdicts.
+#[test]
+fn over_sasl_ssl_with_the_readme_acls_it_runs_and_a_missing_right_or_password_fails_at_start() {
+    let _serial = common::serial();
+    let tls = common::temp_dir("tls");
+    common::tls::make(&tls);
+    let port = common::run::bounce_port() + 3;
+    let tls_env = [("BROKER_TLS_DIR", tls.to_str().unwrap())];
+    common::run::broker_script(port, &["start", "kafka-secure"], &tls_env);
+    let _broker = common::run::BounceBroker(port);
+    let mut cfg = config("secure");
+    reconciler::demo::configure(&mut cfg);
+    let ca = tls.join("ca.pem");
+    let sasl = |user: &str, password: &str| {
+        let mut kafka = cfg.kafka.clone();
+        for (k, v) in [
+            ("bootstrap.servers", format!("127.0.0.1:{port}")),
+            ("security.protocol", "SASL_SSL".into()),
+            ("sasl.mechanisms", "SCRAM-SHA-256".into()),
+            ("sasl.username", user.into()),
+            ("sasl.password", password.into()),
+            ("ssl.ca.location", ca.to_str().unwrap().into()),
+        ] {
+            kafka.insert(k.into(), v);
+        }
+        kafka
+    };
+    // The administrator creates the topics: the reconciler has no Create.
+    let admin = sasl("admin", "reconciler-admin-secret");
+    let t = cfg.topics.clone();
+    reconciler::kafka::admin::ensure_topics(&admin, &t.all(), t.partitions, 1).unwrap();
+    let marks = reconciler::kafka::watermarks::Watermarks::new(&admin).unwrap();
+    reconciler::kafka::admin::ensure_changelog(&admin, &marks, &t.changelog, &t.events, 1).unwrap();
+    drop(marks);
+    cfg.kafka = sasl("reconciler", "reconciler-scram-secret");
+    let acls = readme_acls(&cfg);
+    for (kind, name, ops) in &acls {
+        acl(port, &tls, "--add", kind, name, ops);
+    }
+
     let mut wrong = cfg.clone();
     wrong.kafka.insert("sasl.password".into(), "not-the-password".into());
     let started = std::time::Instant::now();
     let err = reconciler::pipeline::Pipeline::new(wrong, system_clock()).err().expect("refused").to_string();
     let took = started.elapsed();
     assert!(err.contains("refused this client's credentials") && err.contains("sasl.*"), "{err}");
-    assert!(err.contains("SCRAM authentication failed"), "the broker's reason: {err}");
+    assert!(err.contains("SCRAM-SHA-256"), "the broker's reason: {err}");
     assert!(took < Duration::from_secs(10), "at once, not as a timeout: {took:?}");
+
+    let write = ["Write".to_owned()];
+    acl(port, &tls, "--remove", "topic", &t.verdicts, &write);
+    let err = reconciler::pipeline::Pipeline::new(cfg.clone(), system_clock()).err().expect("refused").to_string();
+    assert!(err.contains(&format!("Write topic {}", t.verdicts)) && err.contains("publish verdicts"), "{err}");
+    acl(port, &tls, "--add", "topic", &t.verdicts, &write);
 
     let start = (system_clock())();
     let records = reconciler::demo::workload(start, 1);
     let (outputs, _) = reconciler::demo::predict(&cfg, &records, start + 3_600_000);
     let want = outputs.iter().filter(|o| matches!(o, reconciler::core::Output::Verdict(_))).count();
     let running = Running::start(&cfg, system_clock());
-    reconciler::demo::publish(&cfg, &records).unwrap();
-    let mut reader = reconciler::kafka::reader::TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts], 3).unwrap();
+    let mut producer = cfg.clone();
+    producer.kafka = admin.clone();
+    reconciler::demo::publish(&producer, &records).unwrap();
+    let mut reader = reconciler::kafka::reader::TopicReader::new(&admin, &[&cfg.topics.verdicts], 3).unwrap();
     let settled = reader.read_until(Duration::from_secs(90), |recs| {
         recs.iter().filter_map(|r| r.value.as_deref()).collect::<std::collections::HashSet<_>>().len() >= want
     });
     running.stop();
-    assert!(settled, "the predicted {want} verdicts did not arrive over SASL/SCRAM");
+    assert!(settled, "the predicted {want} verdicts did not arrive over SASL_SSL");
     println!(
-        "broker authentication: wrong password refused in {took:?}; {want} verdicts over SASL_PLAINTEXT/SCRAM-SHA-256"
+        "SASL_SSL + ACLs: wrong password refused in {took:?}; missing Write on verdicts refused at start ({err}); {want} verdicts with the {} ACL rows of README",
+        acls.len()
     );
 }

@@ -229,10 +229,26 @@ pub fn digest(ops: &BTreeMap<String, OperationState>) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&postcard::to_allocvec(&ops.values().collect::<Vec<_>>()).unwrap())
 }
 
-/// High watermarks of every partition of `topic`. Retried for a minute:
-/// right after a broker restart a fresh client may find it not yet serving.
+/// The end of every partition of `topic` as a read_committed reader (the
+/// default of librdkafka and of every reader here) sees it. Retried for a
+/// minute: right after a broker restart a fresh client may find it not yet
+/// serving.
 pub fn end_offsets(cfg: &Config, topic: &str) -> BTreeMap<i32, i64> {
-    let c: BaseConsumer = client_config(&[], &cfg.kafka, &[("group.id", "reliability-watermarks")]).create().unwrap();
+    end_offsets_with(cfg, topic, Isolation::ReadCommitted)
+}
+
+/// The end of each partition of `topic` as a reader of `isolation` sees
+/// it: the high watermark (read_uncommitted), or the last stable offset,
+/// below the first record of a transaction still open (read_committed).
+pub fn end_offsets_with(cfg: &Config, topic: &str, isolation: Isolation) -> BTreeMap<i32, i64> {
+    let level = match isolation {
+        Isolation::ReadCommitted => "read_committed",
+        Isolation::ReadUncommitted => "read_uncommitted",
+    };
+    let c: BaseConsumer =
+        client_config(&[], &cfg.kafka, &[("group.id", "reliability-watermarks"), ("isolation.level", level)])
+            .create()
+            .unwrap();
     let until = Instant::now() + Duration::from_secs(60);
     (0..cfg.topics.partitions)
         .map(|p| loop {
@@ -295,9 +311,7 @@ const STALLED: Duration = Duration::from_secs(8);
 /// instances report themselves ready (`ready`), and this stays so
 /// for a quiet second (a late timer event would move the end). `ready` is
 /// asked once every verdict is there, or when none has arrived for
-/// [`STALLED`]: it may nudge the group then, as an instance started right
-/// after a crash can be left owning nothing on the local broker (see
-/// `run::nudge_group`), and then no verdict would ever come. Returns
+/// [`STALLED`], so that a failure names the instances' state too. Returns
 /// whether that happened within `timeout`, or what was still missing then
 /// (the first line of a failed test's message, which CI logs keep).
 pub fn wait_settled(
@@ -310,17 +324,15 @@ pub fn wait_settled(
     let mut quiet_since: Option<(Instant, BTreeMap<i32, i64>)> = None;
     let mut progress = (0, Instant::now());
     loop {
-        // Read afresh from the beginning each time: a reader that follows
-        // the topic misses committed records of a producer after one of
-        // its aborted transactions on noida-db 0.2.3 (RELIABILITY.md).
+        // Read afresh from the beginning each time: the count is of
+        // distinct verdicts, whatever was read before.
         let verdict_records = read_all(cfg, &[&cfg.topics.verdicts]);
         let distinct: std::collections::HashSet<&[u8]> =
             verdict_records.iter().filter_map(|r| r.value.as_deref()).collect();
         let end = end_offsets(cfg, &cfg.topics.events);
         // The committed offsets may be a previous incarnation's: the
         // running instances must also report every partition restored.
-        // `ready` only once every verdict is there or none comes (it may
-        // nudge the group).
+        // `ready` only once every verdict is there or none comes.
         if distinct.len() != progress.0 {
             progress = (distinct.len(), Instant::now());
         }

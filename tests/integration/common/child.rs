@@ -19,7 +19,7 @@ pub fn write_config(cfg: &Config, dir: &Path) -> PathBuf {
     let mut toml = format!(
         "state_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\nfleet = {:?}\npartitions = {}\n\
          [consumer]\ngroup_id = {:?}\nbatch_size = {}\nbatch_wait_ms = {}\nmax_record_bytes = {}\n\
-         [time]\nreorder_window_ms = {}\ntimer_interval_ms = {}\n[kafka]\n",
+         [time]\nreorder_window_ms = {}\ntimer_interval_ms = {}\nretention_ms = {}\n[kafka]\n",
         cfg.state_dir,
         t.events,
         t.verdicts,
@@ -35,6 +35,7 @@ pub fn write_config(cfg: &Config, dir: &Path) -> PathBuf {
         cfg.consumer.max_record_bytes,
         cfg.time.reorder_window_ms,
         cfg.time.timer_interval_ms,
+        cfg.time.retention_ms,
     );
     for (k, v) in &cfg.kafka {
         toml.push_str(&format!("{k:?} = {v:?}\n"));

@@ -10,6 +10,7 @@ pub mod http;
 pub mod logs;
 pub mod postgres;
 pub mod run;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -21,10 +21,6 @@ pub struct Run {
     pub config_file: PathBuf,
     pub records: usize,
     pub verdicts: usize,
-    /// Whether settling nudges the group when members own less than every
-    /// partition (tansu needs it; on noida-db a visitor's join only starts
-    /// another slow rebalance, see tests/integration/exactly_once.rs).
-    pub nudges: bool,
 }
 
 impl Run {
@@ -76,7 +72,7 @@ impl Run {
         reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, 1).unwrap();
         let dir = super::temp_dir(&format!("{name}-run"));
         let config_file = super::child::write_config(&cfg, &dir);
-        (Run { cfg, dir, config_file, records: records.len(), verdicts, nudges: true }, records)
+        (Run { cfg, dir, config_file, records: records.len(), verdicts }, records)
     }
 
     /// Publishes part `i` of `n` of the workload (in order).
@@ -85,17 +81,11 @@ impl Run {
         demo::publish(&self.cfg, &workload[a..b]).unwrap();
     }
 
-    /// After a member died or stalled: nudges the group until the survivor
-    /// owns everything and has caught up (see `nudge_group`).
+    /// After a member died or stalled: the broker expires it once its
+    /// session (6 s) passes and hands its partitions to the survivor, which
+    /// catches up.
     pub fn wait_taken_over(&self, what: &str) {
-        let until = Instant::now() + Duration::from_secs(90);
-        while Instant::now() < until {
-            nudge_group(&self.cfg);
-            if self.wait_caught_up(Duration::from_secs(8)) {
-                return;
-            }
-        }
-        panic!("the survivor did not take over after {what}");
+        assert!(self.wait_caught_up(Duration::from_secs(90)), "the survivor did not take over after {what}");
     }
 
     /// Waits until the group's committed offsets reach the end of the input
@@ -157,16 +147,14 @@ impl Run {
 
     /// I4 with the instance running, then stops it and checks I1–I3.
     pub fn settle_and_check(&self, running: Vec<Instance>, state_dirs: &[&Path]) -> Figures {
-        // Settled also means the running instances own every partition: the
-        // local broker keeps a crashed member in the group until the next
-        // join (see `nudge_group`), and an instance started right after a
-        // crash can be left with nothing while the dead member's committed
-        // offsets already look caught up.
+        // Settled also means the running instances own every partition: an
+        // instance started right after a crash waits for the dead member's
+        // session to expire, while the dead member's committed offsets
+        // already look caught up.
         let partitions = self.cfg.topics.partitions as usize;
-        let mut nudger = Nudger::new(self.nudges);
         let settled = check::wait_settled(&self.cfg, self.verdicts, Duration::from_secs(120), || {
             let owned: usize = running.iter().map(Instance::owned).sum();
-            nudger.owns_all(&self.cfg, owned, partitions) && running.iter().all(Instance::ready)
+            owned == partitions && running.iter().all(Instance::ready)
         });
         let tails: Vec<String> = running.iter().map(Instance::log_tail).collect();
         for i in running {
@@ -194,25 +182,39 @@ pub fn bounce_port() -> u16 {
     std::env::var("BOUNCE_BROKER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(port + 1)
 }
 
+/// `scripts/broker.sh VERB` on `port` with the engine of the test broker:
+/// `BROKER_ENGINE`, Apache Kafka unless set.
 pub fn broker(verb: &str, port: u16) {
-    broker_engine(verb, port, "sqlite")
+    broker_engine(verb, port, &engine())
+}
+
+/// The engine of the brokers the suites start (`scripts/broker.sh`).
+pub fn engine() -> String {
+    std::env::var("BROKER_ENGINE").unwrap_or_else(|_| "kafka".into())
 }
 
 /// `scripts/broker.sh VERB ENGINE` on `port`.
 pub fn broker_engine(verb: &str, port: u16, engine: &str) {
+    broker_script(port, &[verb, engine], &[]);
+}
+
+/// `scripts/broker.sh ARGS...` on `port` with `env` set; its output.
+pub fn broker_script(port: u16, args: &[&str], env: &[(&str, &str)]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/broker.sh");
     let out = std::process::Command::new("bash")
         .arg(script)
-        .args([verb, engine])
+        .args(args)
         .env("BROKER_PORT", port.to_string())
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "broker.sh {verb}: {}{}",
+        "broker.sh {args:?}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Stops the bounce broker however the test ends.
@@ -252,66 +254,4 @@ pub fn assert_zombie_wrote_nothing(log: &Path, mark: usize) -> usize {
 pub fn stopped(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))
-}
-
-/// While settling: whether the running instances own every partition,
-/// nudging the group (see [`nudge_group`]) every 3 s at most while they
-/// own less, when nudging is on.
-pub struct Nudger {
-    on: bool,
-    last: Instant,
-}
-
-impl Nudger {
-    pub fn new(on: bool) -> Nudger {
-        Nudger { on, last: Instant::now() }
-    }
-
-    /// Whether `owned` is all of `partitions`; nudges first if not and due.
-    pub fn owns_all(&mut self, cfg: &Config, owned: usize, partitions: usize) -> bool {
-        if self.on && owned < partitions && self.last.elapsed() >= Duration::from_secs(3) {
-            nudge_group(cfg);
-            self.last = Instant::now();
-        }
-        owned == partitions
-    }
-}
-
-/// Makes the group rebalance: a consumer joins it and leaves at once.
-///
-/// The local broker (tansu 0.6) drops a member whose session expired only
-/// when the group is next joined, and starts no rebalance by itself, so the
-/// dead member's partitions would stay unowned. Apache Kafka rebalances on
-/// the expiry; here a short join stands in for that. It also gets a member
-/// out of a second gap of the same coordinator: when the dead member was
-/// the leader and expires while the new member is between its join and its
-/// sync, tansu takes the new member's (empty) follower sync as the leader's
-/// and keeps the group stable with no partition assigned, with no time
-/// limit (tansu-broker 0.6.0 `coordinator/group/administrator.rs`; seen as
-/// a kill -9 test's last instance owning nothing for 90 s). The visitor's
-/// join and leave make the group form again. It commits nothing and
-/// consumes nothing.
-pub fn nudge_group(cfg: &Config) {
-    nudge(cfg, &cfg.consumer.group_id, &cfg.topics.events);
-}
-
-/// [`nudge_group`] for any group of `cfg`'s cluster: a visitor joins
-/// `group` on `topic` and leaves (the probe workers' group reads the
-/// commands topic).
-pub fn nudge(cfg: &Config, group: &str, topic: &str) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    // A visitor of its own: with the instances' static membership id it
-    // would take an instance's place in the group.
-    let mut kafka = cfg.kafka.clone();
-    kafka.remove("group.instance.id");
-    let c: BaseConsumer =
-        reconciler::kafka::client_config(&[], &kafka, &[("group.id", group), ("enable.auto.commit", "false")])
-            .create()
-            .unwrap();
-    c.subscribe(&[topic]).unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < until && c.assignment().map_or(0, |a| a.count()) == 0 {
-        c.poll(Duration::from_millis(100));
-    }
-    c.unsubscribe();
 }
