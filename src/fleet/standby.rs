@@ -170,8 +170,10 @@ impl Tailer {
             }
             let now: BTreeSet<i32> = self.tailed.keys().copied().collect();
             info!(partitions = ?now, "Standby partitions");
-            self.metrics.restore.standby(now.len());
         }
+        // Every plan, not only on a change of plan: a partition the
+        // pipeline claims leaves the tailed set as it takes it over.
+        self.metrics.restore.standby(self.tailed.len());
         let mut lag = 0;
         for (p, t) in &self.tailed {
             if let Ok((_, high)) = self.consumer.fetch_watermarks(&self.cfg.topic, *p, Duration::from_secs(1)) {
