@@ -289,6 +289,8 @@ fn a_standby_replica_takes_a_moved_partition_over_without_restoring_it() {
         end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
     };
     let (dir_a, dir_b) = (common::temp_dir("standby-a"), common::temp_dir("standby-b"));
+    common::logs::capture();
+    let log = common::logs::mark();
     let a = Instance::start(&cfg, dir_a.clone());
     demo::publish(&cfg, part(0, 3)).unwrap();
     assert!(wait_for(Duration::from_secs(60), || a.owned().len() == 3 && caught_up()), "A did not catch up");
@@ -307,7 +309,17 @@ fn a_standby_replica_takes_a_moved_partition_over_without_restoring_it() {
             && b.metric("reconciler_standby_lag_records", None) == Some(0.0)
             && caught_up()
     };
-    assert!(wait_for(Duration::from_secs(60), standby_current), "B's standby never caught up:\n{}", b.metrics.render());
+    assert!(
+        wait_for(Duration::from_secs(60), standby_current),
+        "B's standby of A's partitions {theirs:?} never caught up (B owns {:?}); the fleet's log:\n{}\n{}",
+        b.owned(),
+        common::logs::since(log)
+            .lines()
+            .filter(|l| l.contains("tandby") || l.contains("ssign") || l.contains("evoked"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        b.metrics.render()
+    );
     let applied = b.metric("reconciler_standby_records_total", None).unwrap();
     assert!(applied > 0.0, "B's standby applied nothing");
     let before = |source: &str| b.restores(source);

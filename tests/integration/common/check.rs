@@ -269,13 +269,14 @@ pub fn committed(cfg: &Config) -> BTreeMap<i32, i64> {
 }
 
 /// Commits `offset` for partition `partition` of the input topic in the
-/// group's name from outside it, as a stale member's late commit would.
-pub fn commit_as_group(cfg: &Config, partition: i32, offset: i64) {
+/// group's name from outside it, as an operator's reset of the group
+/// would (Kafka accepts it only while the group has no member).
+pub fn try_commit_as_group(cfg: &Config, partition: i32, offset: i64) -> rdkafka::error::KafkaResult<()> {
     let c: BaseConsumer =
         client_config(&[], &cfg.kafka, &[("group.id", cfg.consumer.group_id.as_str())]).create().unwrap();
     let mut tpl = rdkafka::TopicPartitionList::new();
     tpl.add_partition_offset(&cfg.topics.events, partition, rdkafka::Offset::Offset(offset)).unwrap();
-    c.commit(&tpl, rdkafka::consumer::CommitMode::Sync).unwrap();
+    c.commit(&tpl, rdkafka::consumer::CommitMode::Sync)
 }
 
 /// Reads whole topics up to their current ends, as a `read_committed`
