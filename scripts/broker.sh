@@ -10,6 +10,8 @@
 #   scripts/broker.sh pid                print the running broker's process id (benchmarks read its CPU)
 #   scripts/broker.sh acl ARGS...        Apache Kafka's kafka-acls (AclCommand) against the running
 #                                        broker, as its super user on kafka-secure
+#   scripts/broker.sh topics ARGS...     Apache Kafka's kafka-topics (TopicCommand), the same way
+#   scripts/broker.sh offsets ARGS...    Apache Kafka's kafka-get-offsets (GetOffsetShell), the same way
 #
 # Engines:
 #   kafka         Apache Kafka (the default): a single-node KRaft cluster,
@@ -168,14 +170,17 @@ kafka_properties() {
   fi
 }
 
-# Runs Apache Kafka's ACL tool against the broker started on $PORT.
-acl() {
+# Runs one of Apache Kafka's command-line tools (`class`, e.g.
+# org.apache.kafka.tools.AclCommand) against the broker started on $PORT,
+# as its super user on kafka-secure.
+kafka_tool() {
+  local class=$1; shift
   [ -f "$DIR_FILE" ] || { echo "no broker was started on port $PORT" >&2; exit 1; }
   local engine dir
   read -r engine dir < "$DIR_FILE"
-  case "$engine" in kafka|kafka-secure) ;; *) echo "acl: Apache Kafka only, not $engine" >&2; exit 2 ;; esac
+  case "$engine" in kafka|kafka-secure) ;; *) echo "Apache Kafka's tools need Apache Kafka, not $engine" >&2; exit 2 ;; esac
   mkdir -p "$dir/tools"
-  (kafka_java "$dir/tools" org.apache.kafka.tools.AclCommand --bootstrap-server "127.0.0.1:$PORT" \
+  (kafka_java "$dir/tools" "$class" --bootstrap-server "127.0.0.1:$PORT" \
       --command-config "$dir/admin.properties" "$@")
 }
 
@@ -433,7 +438,9 @@ case "${1:-}" in
   stop) stop ;;
   kill) kill9 ;;
   restart) restart ;;
-  acl) shift; acl "$@" ;;
+  acl) shift; kafka_tool org.apache.kafka.tools.AclCommand "$@" ;;
+  topics) shift; kafka_tool org.apache.kafka.tools.TopicCommand "$@" ;;
+  offsets) shift; kafka_tool org.apache.kafka.tools.GetOffsetShell "$@" ;;
   pid) [ -f "$PID_FILE" ] || { echo "no broker is running on port $PORT" >&2; exit 1; }; cat "$PID_FILE" ;;
   *) sed -n '/^set -euo pipefail/q;2,$p' "$0"; exit 2 ;;
 esac
