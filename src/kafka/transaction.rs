@@ -12,9 +12,9 @@
 //! its transactions never commit. A member that lost its partitions to
 //! *another* instance is fenced through the consumer group metadata sent
 //! with the offsets: Kafka refuses a `TxnOffsetCommit` from a stale
-//! generation (KIP-447), which makes the transaction abort. (The local test
-//! broker, noida-db 0.2.3, does not check the generation; RELIABILITY.md
-//! says how the suites cover that case.)
+//! generation (KIP-447), which makes the transaction abort. (Some other
+//! Kafka-protocol brokers do not check the generation; RELIABILITY.md
+//! names them.)
 //!
 //! Errors come in two kinds the caller must tell apart: [`TxnError::Aborted`]
 //! (nothing of the transaction is visible; do the work again) and
