@@ -37,12 +37,19 @@ pub enum Isolation {
     ReadUncommitted,
 }
 
+impl Isolation {
+    /// librdkafka's `isolation.level` for it.
+    pub fn level(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read_committed",
+            Isolation::ReadUncommitted => "read_uncommitted",
+        }
+    }
+}
+
 fn reader_client_with(kafka: &BTreeMap<String, String>, isolation: Isolation) -> Result<BaseConsumer, KafkaError> {
     let group = format!("reconciler-reader-{}", std::process::id());
-    let level = match isolation {
-        Isolation::ReadCommitted => "read_committed",
-        Isolation::ReadUncommitted => "read_uncommitted",
-    };
+    let level = isolation.level();
     client_config(
         &CONSUMER_DEFAULTS,
         kafka,

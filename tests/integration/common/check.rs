@@ -241,14 +241,13 @@ pub fn end_offsets(cfg: &Config, topic: &str) -> BTreeMap<i32, i64> {
 /// it: the high watermark (read_uncommitted), or the last stable offset,
 /// below the first record of a transaction still open (read_committed).
 pub fn end_offsets_with(cfg: &Config, topic: &str, isolation: Isolation) -> BTreeMap<i32, i64> {
-    let level = match isolation {
-        Isolation::ReadCommitted => "read_committed",
-        Isolation::ReadUncommitted => "read_uncommitted",
-    };
-    let c: BaseConsumer =
-        client_config(&[], &cfg.kafka, &[("group.id", "reliability-watermarks"), ("isolation.level", level)])
-            .create()
-            .unwrap();
+    let c: BaseConsumer = client_config(
+        &[],
+        &cfg.kafka,
+        &[("group.id", "reliability-watermarks"), ("isolation.level", isolation.level())],
+    )
+    .create()
+    .unwrap();
     let until = Instant::now() + Duration::from_secs(60);
     (0..cfg.topics.partitions)
         .map(|p| loop {
