@@ -39,7 +39,7 @@ pub fn ensure_changelog(
     let partitions = marks.partition_count(input)?;
     let new = NewTopic::new(changelog, partitions as i32, TopicReplication::Fixed(replication))
         .set("cleanup.policy", "compact");
-    let created = create(kafka, vec![new])? > 0;
+    let created = create_missing(kafka, marks, vec![new])? > 0;
     let has = marks.partition_count(changelog)?;
     if has < partitions {
         return Err(KafkaError::ChangelogPartitions { changelog: changelog.to_owned(), has, input: partitions });
@@ -77,6 +77,7 @@ fn create(kafka: &BTreeMap<String, String>, new: Vec<NewTopic<'_>>) -> Result<us
     created
 }
 
+/// [`create`] with the metadata queries on `marks`.
 fn create_missing(
     kafka: &BTreeMap<String, String>,
     marks: &Watermarks,
