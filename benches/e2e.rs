@@ -146,7 +146,7 @@ fn config_with(
     cfg.kafka.insert("receive.message.max.bytes".into(), "104857600".into());
     cfg.topics = Topics::named(prefix, partitions);
     if !env_or("E2E_CHANGELOG", true) {
-        cfg.topics.changelog.clear();
+        cfg.topics.no_changelog();
     }
     if let Some(events) = input {
         cfg.topics.events = events.to_owned();
@@ -163,7 +163,7 @@ fn config_with(
     let guarantee = if exactly_once { "exactly_once" } else { "at_least_once" };
     let mut toml = format!(
         "guarantee = {guarantee:?}\nstate_dir = {:?}\n[topics]\nevents = {:?}\nverdicts = {:?}\nanomalies = {:?}\ndlq = {:?}\ncommands = {:?}\nchangelog = {:?}\nfleet = {:?}\npartitions = {partitions}\n[consumer]\ngroup_id = {:?}\n[security]\ncontrol_keys = [{BENCH_CONTROL_KEY:?}]\n[kafka]\n\"bootstrap.servers\" = {:?}\n\"receive.message.max.bytes\" = \"104857600\"\n",
-        cfg.state_dir, t.events, t.verdicts, t.anomalies, t.dlq, t.commands, t.changelog, t.fleet, cfg.consumer.group_id, brokers
+        cfg.state_dir, t.events, t.verdicts, t.anomalies, t.dlq, t.commands, t.changelog().unwrap_or_default(), t.fleet().unwrap_or_default(), cfg.consumer.group_id, brokers
     );
     // E2E_KAFKA="key=value,key=value": more [kafka] settings (experiments).
     for (k, v) in std::env::var("E2E_KAFKA").unwrap_or_default().split(',').filter_map(|kv| kv.split_once('=')) {

@@ -122,7 +122,7 @@ fn main() {
         store.ack_outbox(seqs).unwrap();
         // Freed here, timed, as the pipeline frees a written batch.
         let outbox = applied.batch.into_outbox();
-        for r in outbox.iter().filter(|r| r.topic == cfg.topics.changelog) {
+        for r in outbox.iter().filter(|r| cfg.topics.changelog() == Some(r.topic.as_str())) {
             changelog_records += 1;
             changelog_bytes += (r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len)) as u64;
         }

@@ -13,7 +13,7 @@ use reconciler::clock::system_clock;
 use reconciler::config::Config;
 use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
 use reconciler::outbox::relay::Relay;
-use reconciler::pipeline::Pipeline;
+use reconciler::pipeline::{Pipeline, PipelineError};
 use reconciler::probe::ProbeWorker;
 use reconciler::{demo, http, loadgen, operator, report};
 
@@ -23,10 +23,14 @@ use reconciler::{demo, http, loadgen, operator, report};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Logs go to stderr; RECONCILER_LOG (an EnvFilter) overrides `default`.
+/// Colours only on a terminal (and not under `NO_COLOR`): a file or a log
+/// collector would keep the escape codes as text.
 fn init_logging(format: LogFormat, default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("RECONCILER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let colours = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colours);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Pretty => builder.init(),
@@ -140,6 +144,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 None => (None, None),
             };
             let ran = pipeline.run(&shutdown);
+            if let (Err(PipelineError::LostPosition(lost)), Some(_)) = (&ran, &_server) {
+                hold_after_lost_position(pipeline, lost, &shutdown);
+            }
             shutdown.store(true, std::sync::atomic::Ordering::Relaxed);
             if let Some(f) = fleet {
                 f.join();
@@ -272,6 +279,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Loadgen { action, args } => Ok(loadgen::command(&cfg, action.map(Into::into), &args.into())?),
+    }
+}
+
+/// A lost position (`on_lost_position`) stops the pipeline, and a person
+/// must choose: the process stays up with its HTTP server, `/readyz` red
+/// with the facts and `reconciler_lost_positions_total` on `/metrics` (an
+/// instance that exited would be restarted into the same stop before any
+/// scrape saw it), out of the consumer group, until it is told to stop;
+/// it then exits non-zero.
+fn hold_after_lost_position(
+    pipeline: Pipeline,
+    lost: &reconciler::pipeline::lost_position::LostPosition,
+    shutdown: &AtomicBool,
+) {
+    let metrics = pipeline.metrics();
+    drop(pipeline);
+    metrics.set_stopped(lost.to_string());
+    tracing::error!(error = %lost, "Stopped: nothing is processed until the instance is started again with a choice; /readyz is red; waiting for SIGTERM");
+    while !shutdown.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200)); // the signal flag's polling interval
     }
 }
 

@@ -88,23 +88,45 @@ pub struct Topics {
     /// Repair commands (`act` mode only).
     pub commands: String,
     /// The state changelog: a compacted topic with one partition per input
-    /// partition, carrying every state change of a batch after its outputs
-    /// (SPEC §12). A partition without local state is restored from it
-    /// rather than by replaying the input. Empty: no changelog (a moved
-    /// partition then replays the input from its start, which needs the
-    /// input's whole history).
-    pub changelog: String,
+    /// partition, carrying every state change of a batch after its outputs.
+    /// A partition without local state is restored from it rather than by
+    /// replaying the input. Unset: `<group_id>.state`, named after the
+    /// consumer group like the group's offsets, so that two deployments
+    /// over one input (blue/green, a rebuild into new topics) never
+    /// restore each other's state. Empty: no changelog (a moved partition
+    /// then replays the input from its start, which needs the input's
+    /// whole history).
+    pub changelog: Option<String>,
     /// The fleet: a compacted topic of one partition where each running
     /// instance announces its HTTP address (`[http] advertised_url`) and
     /// the partitions it owns, so that the API and panel of any instance
-    /// answer for the whole fleet. Empty: no fleet view (each instance
-    /// answers for the partitions it owns).
-    pub fleet: String,
+    /// answer for the whole fleet. Unset: `<group_id>.fleet` (one fleet per
+    /// deployment). Empty: no fleet view (each instance answers for the
+    /// partitions it owns).
+    pub fleet: Option<String>,
     /// Partitions for topics the reconciler creates when missing.
     pub partitions: i32,
     /// Replication factor for topics the reconciler creates.
     pub replication_factor: i32,
+    /// Which of the names above were left unset and named after the group
+    /// (see [`Topics::name_after_group`]); not a setting.
+    #[serde(skip)]
+    pub named_after_group: NamedAfterGroup,
 }
+
+/// The topics [`Topics::name_after_group`] named (they were unset).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NamedAfterGroup {
+    /// `changelog` is `<group_id>.state`.
+    pub changelog: bool,
+    /// `fleet` is `<group_id>.fleet`.
+    pub fleet: bool,
+}
+
+/// The changelog's name when it did not follow the consumer group: an
+/// instance with this group's offsets and no changelog of its own name
+/// finds its state there (see [`Topics::changelog`]).
+pub const PREVIOUS_DEFAULT_CHANGELOG: &str = "ops.state";
 
 impl Default for Topics {
     fn default() -> Self {
@@ -115,10 +137,11 @@ impl Default for Topics {
             dlq: "ops.events.dlq".into(),
             dlq_audit: None,
             commands: "ops.commands".into(),
-            changelog: "ops.state".into(),
-            fleet: "ops.fleet".into(),
+            changelog: None,
+            fleet: None,
             partitions: 6,
             replication_factor: 1,
+            named_after_group: NamedAfterGroup::default(),
         }
     }
 }
@@ -134,10 +157,11 @@ impl Topics {
             dlq: format!("{prefix}.dlq"),
             dlq_audit: None,
             commands: format!("{prefix}.commands"),
-            changelog: format!("{prefix}.state"),
-            fleet: format!("{prefix}.fleet"),
+            changelog: Some(format!("{prefix}.state")),
+            fleet: Some(format!("{prefix}.fleet")),
             partitions,
             replication_factor: 1,
+            named_after_group: NamedAfterGroup::default(),
         }
     }
 
@@ -149,7 +173,28 @@ impl Topics {
 
     /// The changelog topic, unless it is turned off (empty name).
     pub fn changelog(&self) -> Option<&str> {
-        (!self.changelog.is_empty()).then_some(self.changelog.as_str())
+        self.changelog.as_deref().filter(|n| !n.is_empty())
+    }
+
+    /// Names the changelog and fleet topics left unset after consumer
+    /// group `group_id` (`<group_id>.state`, `<group_id>.fleet`); names
+    /// already set, empty ones too, are kept. [`Config::load`] does it, and
+    /// so does [`Config::default`] for the default group.
+    pub fn name_after_group(&mut self, group_id: &str) {
+        if self.changelog.is_none() {
+            self.changelog = Some(format!("{group_id}.state"));
+            self.named_after_group.changelog = true;
+        }
+        if self.fleet.is_none() {
+            self.fleet = Some(format!("{group_id}.fleet"));
+            self.named_after_group.fleet = true;
+        }
+    }
+
+    /// Turns the changelog off (a rebuild never writes the live one).
+    pub fn no_changelog(&mut self) {
+        self.changelog = Some(String::new());
+        self.named_after_group.changelog = false;
     }
 
     /// The re-drive audit topic (see [`Topics::dlq_audit`]), unless it is
@@ -164,7 +209,7 @@ impl Topics {
 
     /// The fleet topic, unless it is turned off (empty name).
     pub fn fleet(&self) -> Option<&str> {
-        (!self.fleet.is_empty()).then_some(self.fleet.as_str())
+        self.fleet.as_deref().filter(|n| !n.is_empty())
     }
 }
 
@@ -215,6 +260,44 @@ pub struct Consumer {
     /// owner in the order of their advertised URLs. Needs `[topics]
     /// changelog` and `[topics] fleet`. 0: none.
     pub standby_replicas: usize,
+    /// What an assigned partition does when the position stored for it is
+    /// outside the input's log: past its end (the topic was deleted and
+    /// created again, or truncated) or before its start (retention deleted
+    /// records never applied). `"fail"` stops the instance with the
+    /// partition, the stored position and the log's range, and leaves the
+    /// choice to a person; `"restore"` restores the partition's state from
+    /// the changelog and goes on from there if that position is in the log
+    /// (stops otherwise); `"reset"` forgets the partition's state, clears
+    /// it from the changelog and reads the log from its start, publishing
+    /// what it decides. Either way `reconciler_lost_positions_total` counts
+    /// it. Found while running (the broker answers that a fetch position is
+    /// out of range), the instance stops, and the choice applies when it
+    /// starts again.
+    pub on_lost_position: OnLostPosition,
+}
+
+/// See [`Consumer::on_lost_position`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLostPosition {
+    /// Stop with the facts; a person chooses.
+    #[default]
+    Fail,
+    /// Restore the partition's state from the changelog.
+    Restore,
+    /// Forget the partition's state and read the log from its start.
+    Reset,
+}
+
+impl OnLostPosition {
+    /// The setting's value, as in the configuration and the metric's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnLostPosition::Fail => "fail",
+            OnLostPosition::Restore => "restore",
+            OnLostPosition::Reset => "reset",
+        }
+    }
 }
 
 impl Consumer {
@@ -241,6 +324,7 @@ impl Default for Consumer {
             give_up_after_ms: 60_000,
             transactional_id: None,
             standby_replicas: 0,
+            on_lost_position: OnLostPosition::Fail,
         }
     }
 }
@@ -556,7 +640,11 @@ impl Default for Config {
             guarantee: Guarantee::AtLeastOnce,
             state_dir: PathBuf::from("./reconciler-state"),
             sync_writes: false,
-            topics: Topics::default(),
+            topics: {
+                let mut t = Topics::default();
+                t.name_after_group(&Consumer::default().group_id);
+                t
+            },
             consumer: Consumer::default(),
             time: Time::default(),
             types: BTreeMap::new(),
@@ -583,7 +671,7 @@ fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
 impl Config {
     /// Defaults, then the file (if any), then `RECONCILER_*` variables.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        let mut fig = Config::defaults();
         if let Some(path) = file {
             if !path.exists() {
                 return Err(invalid("--config", format!("file {} does not exist", path.display())));
@@ -593,7 +681,21 @@ impl Config {
         // RECONCILER_LOG (log filter) and RECONCILER_CONFIG_FILE (--config)
         // are read elsewhere and are not configuration keys.
         fig = fig.merge(Env::prefixed("RECONCILER_").ignore(&["log", "config_file"]).split("__"));
-        let cfg: Config = fig.extract().map_err(|e| ConfigError::Parse(e.to_string()))?;
+        Config::extract(fig)
+    }
+
+    /// The defaults, for settings to be merged over. The changelog and
+    /// fleet default to names of the group, which the settings may set:
+    /// they are named after the merge ([`Config::extract`]).
+    fn defaults() -> Figment {
+        Figment::from(Serialized::defaults(Config { topics: Topics::default(), ..Config::default() }))
+    }
+
+    /// The configuration `fig` holds, its unset topics named after its
+    /// group, checked.
+    fn extract(fig: Figment) -> Result<Config, ConfigError> {
+        let mut cfg: Config = fig.extract().map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.topics.name_after_group(&cfg.consumer.group_id);
         cfg.validate()?;
         Ok(cfg)
     }
@@ -620,14 +722,16 @@ impl Config {
                 return Err(invalid(field, format!("{name:?} is not a valid Kafka topic name")));
             }
         }
-        if t.all().contains(&t.changelog.as_str()) {
-            return Err(invalid("topics.changelog", format!("{:?} is also an input or output topic", t.changelog)));
+        if let Some(c) = t.changelog().filter(|c| t.all().contains(c)) {
+            return Err(invalid("topics.changelog", format!("{c:?} is also an input or output topic")));
         }
-        if let Some(a) = audit.as_deref().filter(|a| t.all().contains(a) || *a == t.changelog || *a == t.fleet) {
+        if let Some(a) =
+            audit.as_deref().filter(|a| t.all().contains(a) || Some(*a) == t.changelog() || Some(*a) == t.fleet())
+        {
             return Err(invalid("topics.dlq_audit", format!("{a:?} is also another topic of the reconciler")));
         }
-        if t.fleet().is_some() && (t.all().contains(&t.fleet.as_str()) || t.fleet == t.changelog) {
-            return Err(invalid("topics.fleet", format!("{:?} is also another topic of the reconciler", t.fleet)));
+        if let Some(f) = t.fleet().filter(|f| t.all().contains(f) || Some(*f) == t.changelog()) {
+            return Err(invalid("topics.fleet", format!("{f:?} is also another topic of the reconciler")));
         }
         if self.consumer.standby_replicas > 0 && (t.changelog().is_none() || t.fleet().is_none()) {
             return Err(invalid(
@@ -816,12 +920,29 @@ mod tests {
     use super::*;
 
     fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = Figment::from(Serialized::defaults(Config::default()))
-            .merge(Toml::string(text))
-            .extract()
-            .map_err(|e| ConfigError::Parse(e.to_string()))?;
-        cfg.validate()?;
-        Ok(cfg)
+        Config::extract(Config::defaults().merge(Toml::string(text)))
+    }
+
+    /// The changelog and the fleet are named after the group unless named:
+    /// two deployments over one input never share state by default.
+    #[test]
+    fn the_changelog_and_fleet_follow_the_group() {
+        let cfg = from_toml("").unwrap();
+        assert_eq!((cfg.topics.changelog(), cfg.topics.fleet()), (Some("reconciler.state"), Some("reconciler.fleet")));
+        assert_eq!(cfg.topics.named_after_group, NamedAfterGroup { changelog: true, fleet: true });
+        assert_eq!(Config::default().topics.changelog(), Some("reconciler.state"));
+        let cfg = from_toml("[consumer]\ngroup_id = \"orders-blue\"\n").unwrap();
+        assert_eq!(
+            (cfg.topics.changelog(), cfg.topics.fleet()),
+            (Some("orders-blue.state"), Some("orders-blue.fleet"))
+        );
+        let cfg =
+            from_toml("[consumer]\ngroup_id = \"g\"\n[topics]\nchangelog = \"ops.state\"\nfleet = \"\"\n").unwrap();
+        assert_eq!((cfg.topics.changelog(), cfg.topics.fleet()), (Some("ops.state"), None));
+        assert_eq!(cfg.topics.named_after_group, NamedAfterGroup::default());
+        // The names are printed as they are used.
+        let printed = toml::to_string(&from_toml("[consumer]\ngroup_id = \"g\"\n").unwrap()).unwrap();
+        assert!(printed.contains("changelog = \"g.state\""), "{printed}");
     }
 
     #[test]
@@ -895,7 +1016,7 @@ mod tests {
         assert_eq!(url("0.0.0.0:9464", Some("http://10.0.3.7:9464/")).as_deref(), Some("http://10.0.3.7:9464"));
         let err = from_toml("[http]\nadvertised_url = \"10.0.3.7:9464\"\n").unwrap_err().to_string();
         assert!(err.contains("http.advertised_url"), "{err}");
-        let err = from_toml("[topics]\nfleet = \"ops.state\"\n").unwrap_err().to_string();
+        let err = from_toml("[topics]\nfleet = \"reconciler.state\"\n").unwrap_err().to_string();
         assert!(err.contains("topics.fleet"), "{err}");
         let err = from_toml("[topics]\nfleet = \"no spaces\"\n").unwrap_err().to_string();
         assert!(err.contains("topics.fleet"), "{err}");

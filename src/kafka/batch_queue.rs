@@ -83,7 +83,7 @@ impl BatchQueue {
         max: usize,
         wait: Duration,
         topic: &Arc<str>,
-        errors: &mut Vec<(i32, i64)>,
+        errors: &mut Vec<ConsumeError>,
     ) -> usize {
         /// Most messages taken in one call (the array lives on the stack).
         const CHUNK: usize = 512;
@@ -109,7 +109,7 @@ impl BatchQueue {
                         }
                         Err(e) => {
                             warn!(partition = (*m).partition, offset = (*m).offset, error = %e, "Consumer error");
-                            errors.push(((*m).partition, (*m).offset));
+                            errors.push(ConsumeError { partition: (*m).partition, offset: (*m).offset, code: e });
                         }
                     }
                     rd::rd_kafka_message_destroy(m);
@@ -132,6 +132,17 @@ impl Drop for BatchQueue {
         // fetch stops; what reaches it meanwhile is discarded.
         unsafe { rd::rd_kafka_queue_destroy(self.queue.as_ptr()) }
     }
+}
+
+/// A consumer error delivered in a message's place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumeError {
+    /// Its partition.
+    pub partition: i32,
+    /// The offset it names (below zero: none).
+    pub offset: i64,
+    /// What went wrong.
+    pub code: rdkafka::error::RDKafkaErrorCode,
 }
 
 /// An owned copy of message `m`, or its error when it carries one (a

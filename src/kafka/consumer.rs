@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError::ClientCreation;
 use rdkafka::error::KafkaResult;
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset};
 use tracing::{info, warn};
 
-use super::batch_queue::BatchQueue;
+use super::batch_queue::{BatchQueue, ConsumeError};
 use super::{client_config, KafkaError, CONSUMER_DEFAULTS};
 use crate::records::Record;
 
@@ -65,10 +66,11 @@ impl Ownership {
     }
 }
 
-/// Where an assigned partition starts (`Ok(None)`: at its beginning), from
-/// the member's own state, given the partition and the group's committed
-/// offset of it (if any); an error stops the member.
-pub type StartOffsets = Box<dyn Fn(i32, Option<i64>) -> Result<Option<i64>, String> + Send + Sync>;
+/// Where an assigned partition starts (`start` `None`: at its beginning),
+/// from the member's own state, and the committed offset the member may
+/// trust, given the partition and the group's committed offset of it (if
+/// any); an error stops the member.
+pub type StartOffsets = Box<dyn Fn(i32, Option<i64>) -> Result<Assigned, String> + Send + Sync>;
 
 /// Run in the revoke callback before the partitions are released. It
 /// finishes the batches in flight (waits for their acknowledgements) and
@@ -121,7 +123,7 @@ impl ConsumerContext for GroupContext {
                         move || (p, (self.start_offsets)(p, c))
                     })
                     .collect();
-                let starts: Result<Vec<(i32, Option<i64>)>, String> = crate::parallel::run_all(jobs)
+                let starts: Result<Vec<(i32, Assigned)>, String> = crate::parallel::run_all(jobs)
                     .into_iter()
                     .map(|(p, found)| {
                         found.map(|n| (p, n)).map_err(|e| format!("the start offset of partition {p}: {e}"))
@@ -136,16 +138,15 @@ impl ConsumerContext for GroupContext {
                         return;
                     }
                 };
-                for (p, start) in starts {
-                    let offset = start.map_or(Offset::Beginning, Offset::Offset);
+                for (p, facts) in starts {
+                    let offset = facts.start.map_or(Offset::Beginning, Offset::Offset);
                     if let Err(e) = tpl.set_partition_offset(&self.topic, p, offset) {
                         warn!(partition = p, error = %e, "Cannot set the start offset");
                     }
-                    a.owned.insert(p, start.unwrap_or(0));
+                    a.owned.insert(p, facts.start.unwrap_or(0));
                     a.revoked.remove(&p);
-                    let committed = committed.get(&p).copied();
-                    a.assigned.insert(p, Assigned { start, committed });
-                    info!(partition = p, next_offset = ?start, committed = ?committed, "Partition assigned");
+                    a.assigned.insert(p, facts);
+                    info!(partition = p, next_offset = ?facts.start, committed = ?facts.committed, "Partition assigned");
                 }
                 // Forwarded before the assignment, so that their fetch
                 // starts into the batch queue (librdkafka keeps a
@@ -246,6 +247,22 @@ pub fn committed_offsets<C: ConsumerContext>(
     committed_offsets_within(consumer, topic, partitions, COMMITTED_PATIENCE)
 }
 
+/// The committed offsets of group `group_id` in the first `partitions`
+/// partitions of `topic` (those that have one), read without joining it.
+pub fn group_offsets(
+    kafka: &BTreeMap<String, String>,
+    group_id: &str,
+    topic: &str,
+    partitions: usize,
+) -> Result<BTreeMap<i32, i64>, KafkaError> {
+    let client: BaseConsumer = client_config(&CONSUMER_DEFAULTS, kafka, &[("group.id", group_id)])
+        .create()
+        .map_err(KafkaError::client("creating a client to read the group's offsets"))?;
+    let partitions = (0..partitions).map(|p| i32::try_from(p).unwrap_or(i32::MAX));
+    committed_offsets(&client, topic, partitions)
+        .map_err(KafkaError::client(format!("the offsets of group {group_id}")))
+}
+
 /// [`committed_offsets`], waiting at most `timeout`.
 fn committed_offsets_within<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
@@ -297,8 +314,8 @@ struct ErrorHolds(BTreeMap<i32, i64>);
 impl ErrorHolds {
     /// Errors seen in a batch read, as (partition, offset); an offset below
     /// zero names no record.
-    fn errors(&mut self, errors: &[(i32, i64)]) {
-        for &(p, offset) in errors.iter().filter(|(_, o)| *o >= 0) {
+    fn errors(&mut self, errors: &[ConsumeError]) {
+        for &ConsumeError { partition: p, offset, .. } in errors.iter().filter(|e| e.offset >= 0) {
             let hold = self.0.entry(p).or_insert(offset);
             *hold = (*hold).min(offset);
         }
@@ -344,6 +361,27 @@ const EVENTS_SLICE: Duration = Duration::from_millis(10);
 /// of a core for nothing (`scripts/bench-idle.sh`, BENCHMARKS.md).
 const EVENTS_SLICE_ASSIGNED: Duration = Duration::from_millis(50);
 
+/// What a partition whose fetch position is outside its log does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutOfRange {
+    /// [`GroupConsumer::poll_batch`] fails with
+    /// [`KafkaError::PositionOutOfRange`]: the member's position belongs
+    /// to its state, which a jump would leave behind.
+    Stop,
+    /// Consumption goes on from the log's start (a reader whose position
+    /// is only a bookmark).
+    FromStart,
+}
+
+impl OutOfRange {
+    fn auto_offset_reset(self) -> &'static str {
+        match self {
+            OutOfRange::Stop => "error",
+            OutOfRange::FromStart => "earliest",
+        }
+    }
+}
+
 /// A subscribed consumer that hands out batches of owned records.
 pub struct GroupConsumer {
     /// The assigned partitions' records (see [`batch_queue`]). Declared
@@ -372,6 +410,7 @@ impl GroupConsumer {
         group_id: &str,
         topic: &str,
         start_offsets: StartOffsets,
+        out_of_range: OutOfRange,
     ) -> Result<Self, KafkaError> {
         let assignment = Arc::new(Mutex::new(Assignment::default()));
         let creation = |why: String| KafkaError::client("creating the consumer")(ClientCreation(why));
@@ -392,7 +431,7 @@ impl GroupConsumer {
                 ("group.id", group_id),
                 ("enable.auto.commit", "false"),
                 ("enable.auto.offset.store", "false"),
-                ("auto.offset.reset", "earliest"),
+                ("auto.offset.reset", out_of_range.auto_offset_reset()),
                 ("enable.partition.eof", "false"),
                 // Records of a service that publishes in transactions:
                 // those of aborted ones are never applied.
@@ -454,6 +493,19 @@ impl GroupConsumer {
         let mut a = self.assignment.lock().expect("not poisoned");
         if let Some(why) = a.fatal.take() {
             return Err(KafkaError::Rebalance(why));
+        }
+        // A position that left the log (see `OutOfRange::Stop`), in a
+        // partition still owned: its fetch stopped, and going on would
+        // hide it.
+        if let Some(e) =
+            errors.iter().find(|e| e.code == RDKafkaErrorCode::AutoOffsetReset && a.owned.contains_key(&e.partition))
+        {
+            return Err(KafkaError::PositionOutOfRange {
+                topic: self.topic.to_string(),
+                partition: e.partition,
+                offset: e.offset,
+                reason: "the broker answered that the offset is out of range".into(),
+            });
         }
         let revoked = !a.revoked.is_empty();
         if revoked {
@@ -588,10 +640,12 @@ mod tests {
             p
         };
         // librdkafka moved partition 0 to 11 past an error at 10; -1 names no record.
-        holds.errors(&[(0, 10), (1, -1)]);
+        let error =
+            |partition, offset| ConsumeError { partition, offset, code: RDKafkaErrorCode::BrokerTransportFailure };
+        holds.errors(&[error(0, 10), error(1, -1)]);
         assert_eq!(capped(&holds), [(0, 10), (1, 21), (2, 31)].into());
         // A later error keeps the earlier hold.
-        holds.errors(&[(0, 12)]);
+        holds.errors(&[error(0, 12)]);
         assert_eq!(capped(&holds)[&0], 10);
         // Records of other partitions, or below the hold, keep it.
         holds.handed(&[record(1, 21), record(0, 9)]);
@@ -600,7 +654,7 @@ mod tests {
         holds.handed(&[record(0, 10)]);
         assert_eq!(capped(&holds), [(0, 11), (1, 21), (2, 31)].into());
         // A partition that left forgets its hold.
-        holds.errors(&[(2, 30)]);
+        holds.errors(&[error(2, 30)]);
         assert_eq!(capped(&holds)[&2], 30);
         holds.keep_owned(&[(0, 11)].into());
         assert_eq!(capped(&holds)[&2], 31);

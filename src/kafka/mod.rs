@@ -106,6 +106,20 @@ pub enum KafkaError {
     /// run with an assignment it does not really have.
     #[error("rebalance failed: {0}")]
     Rebalance(String),
+    /// The broker answered that a partition's fetch position is outside its
+    /// log (the consumer runs with `auto.offset.reset = error`): the topic
+    /// was created again or truncated, or retention passed the position.
+    #[error("partition {partition} of {topic}: the fetch position {offset} is outside the log: {reason}")]
+    PositionOutOfRange {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The position the fetch was at.
+        offset: i64,
+        /// librdkafka's account.
+        reason: String,
+    },
     /// The broker refused this client's credentials or its TLS handshake.
     #[error("the broker at {brokers} refused this client's credentials or TLS handshake (check security.protocol, sasl.* and ssl.* under [kafka]): {reason}")]
     Authentication {
@@ -135,6 +149,7 @@ impl KafkaError {
             KafkaError::UnknownTopic(_)
             | KafkaError::NotAuthorized { .. }
             | KafkaError::Rebalance(_)
+            | KafkaError::PositionOutOfRange { .. }
             | KafkaError::ChangelogPartitions { .. }
             | KafkaError::Authentication { .. } => return false,
         };

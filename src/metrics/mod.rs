@@ -142,6 +142,8 @@ pub struct Readiness {
     pub restored: usize,
     /// Publishing is refused with an error no retry cures (the error).
     pub publish_refused: Option<String>,
+    /// The pipeline stopped and waits for a person (why).
+    pub stopped: Option<String>,
 }
 
 /// All metrics of one reconciler process.
@@ -600,7 +602,8 @@ impl Metrics {
     pub fn set_readiness(&self, r: Readiness) {
         let mut current = self.readiness.lock().expect("not poisoned");
         let refused = current.publish_refused.take();
-        *current = Readiness { publish_refused: refused, ..r };
+        let stopped = current.stopped.take();
+        *current = Readiness { publish_refused: refused, stopped, ..r };
         self.publish_readiness(&current);
     }
 
@@ -614,8 +617,16 @@ impl Metrics {
         }
     }
 
+    /// The pipeline stopped for a reason a person must act on (`why`):
+    /// not ready from now on.
+    pub fn set_stopped(&self, why: String) {
+        let mut current = self.readiness.lock().expect("not poisoned");
+        current.stopped = Some(why);
+        self.publish_readiness(&current);
+    }
+
     fn publish_readiness(&self, r: &Readiness) {
-        let ready = r.ready && r.publish_refused.is_none();
+        let ready = r.ready && r.publish_refused.is_none() && r.stopped.is_none();
         self.ready.store(ready, Ordering::SeqCst);
         self.ready_gauge.set(i64::from(ready));
         self.partitions_owned.set(r.partitions as i64);
@@ -629,7 +640,7 @@ impl Metrics {
     /// The readiness details (the body of `/readyz`).
     pub fn readiness(&self) -> Readiness {
         let mut r = self.readiness.lock().expect("not poisoned").clone();
-        r.ready &= r.publish_refused.is_none();
+        r.ready &= r.publish_refused.is_none() && r.stopped.is_none();
         r
     }
 

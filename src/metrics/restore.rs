@@ -48,6 +48,7 @@ pub struct RestoreMetrics {
     standby_partitions: IntGauge,
     standby_lag: IntGauge,
     standby_records: IntCounter,
+    lost_positions: IntCounterVec,
 }
 
 impl RestoreMetrics {
@@ -113,11 +114,26 @@ impl RestoreMetrics {
                 "reconciler_standby_records_total",
                 "Changelog records applied by standby replicas.",
             ),
+            lost_positions: counter(
+                r,
+                "reconciler_lost_positions_total",
+                "Assigned partitions whose stored position was outside the input's log (the topic created again, truncated, or retention past it), by what was done: fail (stopped for a person), restore (state restored from the changelog) or reset (state forgotten, the log read from its start).",
+                &["action"],
+            ),
         };
+        for action in ["fail", "restore", "reset"] {
+            m.lost_positions.with_label_values(&[action]);
+        }
         for s in RestoreSource::ALL {
             m.restores.with_label_values(&[s.label()]);
         }
         m
+    }
+
+    /// An assigned partition's stored position was outside the input's
+    /// log, and `action` (`fail`, `restore` or `reset`) was taken.
+    pub fn lost_position(&self, action: &str) {
+        self.lost_positions.with_label_values(&[action]).inc();
     }
 
     /// An assigned partition got its state from `source`.

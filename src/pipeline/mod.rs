@@ -23,6 +23,8 @@ mod batch_limit;
 mod exactly_once;
 pub mod faults;
 mod in_flight;
+pub mod lost_position;
+pub mod previous_names;
 pub mod restore;
 pub mod sampler;
 mod timers;
@@ -38,9 +40,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::clock::Clock;
 use crate::codec::{Codec, EncodeError};
-use crate::config::{Config, Guarantee};
+use crate::config::{Config, Guarantee, OnLostPosition};
 use crate::core::Policy;
-use crate::kafka::consumer::GroupConsumer;
+use crate::kafka::consumer::{GroupConsumer, OutOfRange};
 use crate::kafka::producer::Publisher;
 use crate::kafka::transaction::{Transactions, TxnError};
 use crate::kafka::watermarks::Watermarks;
@@ -109,6 +111,10 @@ pub enum PipelineError {
         #[source]
         source: KafkaError,
     },
+    /// A partition's position is outside the input's log (see
+    /// [`lost_position`]).
+    #[error(transparent)]
+    LostPosition(#[from] lost_position::LostPosition),
     /// A thread of the pipeline panicked.
     #[error("the {0} thread panicked")]
     ThreadPanicked(&'static str),
@@ -188,6 +194,8 @@ pub struct Pipeline {
     store: Arc<Store>,
     /// The partitions this pipeline writes (see [`Claims`]).
     claims: Claims,
+    /// A lost position that stopped an assignment (see [`lost_position`]).
+    lost: Arc<std::sync::Mutex<Option<lost_position::LostPosition>>>,
     consumer: GroupConsumer,
     /// The producer of every output (transactional under `exactly_once`).
     publisher: Arc<Publisher>,
@@ -248,7 +256,7 @@ impl Pipeline {
         if replay.is_some() {
             // A rebuild publishes into scratch topics or nowhere: never
             // into the live changelog.
-            cfg.topics.changelog.clear();
+            cfg.topics.no_changelog();
         }
         let t = &cfg.topics;
         // Each start-up step's time at debug: the time to the first
@@ -280,6 +288,9 @@ impl Pipeline {
                 admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
                 step("topics ensured");
                 let watermarks = Arc::new(Watermarks::new(&cfg.kafka)?);
+                if replay.is_none() {
+                    previous_names::check(&cfg, &watermarks)?;
+                }
                 let created = match t.changelog() {
                     Some(changelog) => {
                         admin::ensure_changelog(&cfg.kafka, &watermarks, changelog, &t.events, t.replication_factor)?
@@ -319,6 +330,7 @@ impl Pipeline {
         // from the changelog when the local state is missing or behind the
         // group's committed offset (see [`restore`]).
         let claims = Claims::default();
+        let lost: Arc<std::sync::Mutex<Option<lost_position::LostPosition>>> = Arc::default();
         let changelog = restore::Changelog {
             kafka: cfg.kafka.clone(),
             topic: t.changelog().map(str::to_owned),
@@ -329,9 +341,13 @@ impl Pipeline {
             stall: Duration::from_millis(cfg.consumer.give_up_after_ms),
             undo: txn.is_none().then(|| publisher.clone()),
             claims: claims.clone(),
+            input: t.events.clone(),
+            on_lost_position: cfg.consumer.on_lost_position,
+            max_bytes,
+            lost: lost.clone(),
         };
-        let start = Box::new(move |p, committed| changelog.start_offset(p, committed).map_err(|e| e.to_string()));
-        let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start)?;
+        let start = Box::new(move |p, committed| changelog.assign(p, committed).map_err(|e| e.to_string()));
+        let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start, OutOfRange::Stop)?;
         let fence = restore::Fence::new(&cfg.kafka);
         step("clients created");
         let batch_limit = batch_limit::BatchLimit::new(cfg.consumer.batch_size);
@@ -343,6 +359,7 @@ impl Pipeline {
             codec: Codec::new(),
             store,
             claims,
+            lost,
             consumer,
             publisher,
             txn,
@@ -397,7 +414,18 @@ impl Pipeline {
         let mut last_poll = Instant::now();
         while !shutdown.load(Ordering::SeqCst) {
             let this_poll = Instant::now();
-            let (records, revoked) = self.consumer.poll_batch(self.batch_limit.limit(), wait)?;
+            let (records, revoked) = match self.consumer.poll_batch(self.batch_limit.limit(), wait) {
+                Err(KafkaError::PositionOutOfRange { partition, offset, .. }) => {
+                    return Err(self.lost_while_running(partition, offset))
+                }
+                Err(KafkaError::Rebalance(why)) => {
+                    let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    return Err(
+                        lost.map_or(PipelineError::Kafka(KafkaError::Rebalance(why)), PipelineError::LostPosition)
+                    );
+                }
+                polled => polled?,
+            };
             self.batch_limit.polled(records.len());
             let idle = records.is_empty() && !revoked;
             self.observe_assignment();
@@ -464,6 +492,26 @@ impl Pipeline {
             }
             Err(e) => debug!(error = %e, "Reading the group's offsets failed; checking again later"),
         }
+    }
+
+    /// The error for a fetch position that left the input's log while
+    /// running: the instance stops whatever `on_lost_position` says (its
+    /// choice applies at the next assignment, where the facts are checked
+    /// before any record is applied).
+    fn lost_while_running(&self, partition: i32, offset: i64) -> PipelineError {
+        self.metrics.restore.lost_position(OnLostPosition::Fail.as_str());
+        let input = &self.cfg.topics.events;
+        let (low, high) = self.watermarks.range(input, partition, Duration::from_secs(10)).unwrap_or((-1, -1));
+        PipelineError::LostPosition(lost_position::LostPosition {
+            topic: input.clone(),
+            partition,
+            whose: "fetch",
+            stored: offset,
+            low,
+            high,
+            note: "; found while running: the choice in [consumer] on_lost_position applies when the instance starts again"
+                .into(),
+        })
     }
 
     /// Takes in what the consumer reported since the last poll: a newly

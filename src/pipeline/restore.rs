@@ -92,6 +92,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use crate::config::OnLostPosition;
 use crate::kafka::producer::Publisher;
 use crate::kafka::reader::{stream_partition, StreamError};
 use crate::kafka::watermarks::Watermarks;
@@ -125,6 +126,16 @@ pub struct Changelog {
     /// claimed before its offset is read, so that a standby replica of it
     /// here stops writing first.
     pub claims: Claims,
+    /// The input topic, whose log the start offsets count in.
+    pub input: String,
+    /// What a partition whose stored position is outside the input's log
+    /// does (see [`super::lost_position`]).
+    pub on_lost_position: OnLostPosition,
+    /// The largest record the producer of the changelog's tombstones takes.
+    pub max_bytes: usize,
+    /// Where a lost position that stops the assignment is left for the run
+    /// loop, which reports it as itself rather than as a failed rebalance.
+    pub lost: Arc<std::sync::Mutex<Option<super::lost_position::LostPosition>>>,
 }
 
 impl Changelog {
@@ -173,6 +184,16 @@ impl Changelog {
         let source = if target(local, committed).is_some() { RestoreSource::Input } else { RestoreSource::Local };
         self.metrics.restore.restored(source);
         Ok(local)
+    }
+
+    /// The producer for records into the changelog outside a batch: the
+    /// undo's, or under `exactly_once` (where a batch's changelog is in its
+    /// transaction) one of its own.
+    pub(super) fn publisher_for_changelog(&self) -> Result<Arc<Publisher>, KafkaError> {
+        match &self.undo {
+            Some(p) => Ok(p.clone()),
+            None => Ok(Arc::new(Publisher::for_pipeline(&self.kafka, self.max_bytes)?)),
+        }
     }
 
     /// The undo of a batch cut short in `partition` was not published: the
@@ -356,6 +377,18 @@ pub enum RestoreError {
         /// The partition.
         partition: i32,
         /// Why publishing failed.
+        source: KafkaError,
+    },
+    /// The partition's stored position is outside the input's log.
+    #[error(transparent)]
+    LostPosition(#[from] super::lost_position::LostPosition),
+    /// The state of a partition whose position was lost could not be
+    /// cleared from the changelog (`on_lost_position = "reset"`).
+    #[error("partition {partition}: clearing its state from the changelog after a lost position: {source}")]
+    Clear {
+        /// The partition.
+        partition: i32,
+        /// Why reading or publishing failed.
         source: KafkaError,
     },
 }

@@ -24,7 +24,7 @@ use crate::codec::Codec;
 use crate::config::{Config, ConfigError};
 use crate::core::redact::Redactor;
 use crate::core::{RepairAction, RepairCommand};
-use crate::kafka::consumer::GroupConsumer;
+use crate::kafka::consumer::{Assigned, GroupConsumer, OutOfRange};
 use crate::kafka::producer::Publisher;
 use crate::kafka::KafkaError;
 use crate::metrics::{ProbeMetrics, ProbeResult};
@@ -202,14 +202,17 @@ impl ProbeWorker {
         let commands = cfg.topics.commands.clone();
         let start = Box::new(move |p, committed: Option<i64>| {
             let own = ledger.next_offset(&commands, p).map_err(|e| e.to_string())?;
-            Ok(own.max(committed))
+            Ok(Assigned { start: own.max(committed), committed })
         });
         // Started before the pipeline, the worker creates the topics it
         // reads and writes, as the pipeline would.
         let t = &cfg.topics;
         crate::kafka::connect::check_credentials(&cfg.kafka)?;
         crate::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, t.replication_factor)?;
-        let consumer = GroupConsumer::new(&cfg.kafka, &cfg.probe.group_id, &cfg.topics.commands, start)?;
+        // A commands topic created again starts over: the ledger, not the
+        // position, keeps a command from being asked twice.
+        let consumer =
+            GroupConsumer::new(&cfg.kafka, &cfg.probe.group_id, &cfg.topics.commands, start, OutOfRange::FromStart)?;
         let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
         let budget = Budget {
             max_attempts: cfg.probe.max_attempts,

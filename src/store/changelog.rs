@@ -17,7 +17,7 @@
 //! its store range. The offsets record (`family = offsets`) carries the
 //! next input offset the state includes, followed by the name of the input
 //! topic: two pipelines of different inputs pointed at one changelog topic
-//! (the default name, `ops.state`, does not follow `[topics] events`) would
+//! (a changelog named in the settings does not follow `[topics] events`) would
 //! otherwise restore each other's state. A restore that meets another
 //! input's offsets record stops (and the partition replays its input);
 //! records of versions before the name was added (8 bytes) are accepted.

@@ -23,7 +23,7 @@ fn create_quick_compacting_changelog(cfg: &reconciler::config::Config) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let admin: AdminClient<rdkafka::client::DefaultClientContext> =
         reconciler::kafka::client_config(&[], &cfg.kafka, &[]).create().unwrap();
-    let topic = NewTopic::new(&cfg.topics.changelog, cfg.topics.partitions, TopicReplication::Fixed(1))
+    let topic = NewTopic::new(cfg.topics.changelog().expect("on"), cfg.topics.partitions, TopicReplication::Fixed(1))
         .set("cleanup.policy", "compact")
         .set("segment.ms", "100")
         .set("min.cleanable.dirty.ratio", "0.01")
@@ -55,7 +55,7 @@ fn delete_head(cfg: &reconciler::config::Config, topic: &str) {
 /// The positions of the changelog's tombstones (null values) and the
 /// number of records it holds.
 fn tombstones(cfg: &reconciler::config::Config) -> (BTreeSet<(i32, i64)>, usize) {
-    let records = check::read_all(cfg, &[&cfg.topics.changelog]);
+    let records = check::read_all(cfg, &[cfg.topics.changelog().expect("on")]);
     (records.iter().filter(|r| r.value.is_none()).map(|r| (r.partition, r.offset)).collect(), records.len())
 }
 
@@ -95,8 +95,9 @@ fn a_replaced_machine_restores_from_the_compacted_changelog_without_the_inputs_h
         run.publish_part(&workload, part, parts);
     }
     assert!(run.wait_caught_up(Duration::from_secs(90)), "A did not catch up; log:\n{}", a.log_tail());
-    let written =
-        |cfg: &reconciler::config::Config| -> i64 { check::end_offsets(cfg, &cfg.topics.changelog).values().sum() };
+    let written = |cfg: &reconciler::config::Config| -> i64 {
+        check::end_offsets(cfg, cfg.topics.changelog().expect("on")).values().sum()
+    };
     let compacted = common::wait_for(Duration::from_secs(90), || {
         seen = tombstones(&run.cfg);
         (seen.1 as i64) < written(&run.cfg) && first_tombstones.iter().any(|t| !seen.0.contains(t))

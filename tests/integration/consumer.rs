@@ -14,7 +14,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use reconciler::config::Config;
 use reconciler::kafka::admin;
-use reconciler::kafka::consumer::GroupConsumer;
+use reconciler::kafka::consumer::{Assigned, GroupConsumer, OutOfRange};
 use reconciler::records::Record;
 
 use crate::common;
@@ -98,8 +98,8 @@ impl Handed {
 /// `handed` holds.
 fn member(cfg: &Config, topic: &str, handed: &Arc<Mutex<Handed>>) -> GroupConsumer {
     let h = handed.clone();
-    GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, topic, Box::new(move |p, _| Ok(h.lock().unwrap().next(p))))
-        .unwrap()
+    let start = Box::new(move |p, committed| Ok(Assigned { start: h.lock().unwrap().next(p), committed }));
+    GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, topic, start, OutOfRange::Stop).unwrap()
 }
 
 /// One `poll_batch` of `m`, its records noted in `handed`; the batch's size.

@@ -783,8 +783,8 @@ fn run_serves_http_from_its_config_and_logs_json_lines_that_name_the_operation()
         .env("RECONCILER_TOPICS__COMMANDS", &t.commands)
         // Its own changelog and fleet too: a second run of this test on the
         // same broker would otherwise restore the first one's state.
-        .env("RECONCILER_TOPICS__CHANGELOG", &t.changelog)
-        .env("RECONCILER_TOPICS__FLEET", &t.fleet)
+        .env("RECONCILER_TOPICS__CHANGELOG", t.changelog().unwrap_or_default())
+        .env("RECONCILER_TOPICS__FLEET", t.fleet().unwrap_or_default())
         .env("RECONCILER_TOPICS__PARTITIONS", "3")
         .env("RECONCILER_TIME__REORDER_WINDOW_MS", "3600000")
         .env("RECONCILER_HTTP__BIND", "127.0.0.1:0")

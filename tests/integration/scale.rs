@@ -70,7 +70,7 @@ fn scaling_1_3_2_under_load_restores_moved_partitions_from_the_changelog_and_agr
     let restored = |i: usize| count(&logs[i], "Partition restored from the changelog");
     let changelog_end = |p: i32| {
         let w = reconciler::kafka::watermarks::Watermarks::new(&cfg.kafka).unwrap();
-        w.range(&cfg.topics.changelog, p, Duration::from_secs(10)).map(|r| r.1).unwrap_or(0)
+        w.range(cfg.topics.changelog().expect("on"), p, Duration::from_secs(10)).map(|r| r.1).unwrap_or(0)
     };
     assert!(
         common::wait_for(Duration::from_secs(60), || (0..PARTITIONS).all(|p| changelog_end(p) > 0)),

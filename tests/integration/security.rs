@@ -194,7 +194,7 @@ fn readme_acls(cfg: &reconciler::config::Config) -> Vec<(String, String, Vec<Str
             "topics.anomalies" => t.anomalies.clone(),
             "topics.dlq" => t.dlq.clone(),
             "topics.commands" => t.commands.clone(),
-            "topics.changelog" => t.changelog.clone(),
+            "topics.changelog" => t.changelog().expect("on").to_owned(),
             "consumer.group_id" => cfg.consumer.group_id.clone(),
             "consumer.transactional_id" => txn.clone(),
             other => panic!("README's Kafka permissions name a setting this test does not know: {other}"),
@@ -259,7 +259,7 @@ fn over_sasl_ssl_with_the_readme_acls_it_runs_and_a_missing_right_or_password_fa
     let t = cfg.topics.clone();
     reconciler::kafka::admin::ensure_topics(&admin, &t.all(), t.partitions, 1).unwrap();
     let marks = reconciler::kafka::watermarks::Watermarks::new(&admin).unwrap();
-    reconciler::kafka::admin::ensure_changelog(&admin, &marks, &t.changelog, &t.events, 1).unwrap();
+    reconciler::kafka::admin::ensure_changelog(&admin, &marks, t.changelog().expect("on"), &t.events, 1).unwrap();
     drop(marks);
     cfg.kafka = sasl("reconciler", "reconciler-scram-secret");
     let acls = readme_acls(&cfg);

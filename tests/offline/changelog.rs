@@ -112,7 +112,9 @@ fn apply_losing(
                 store.write_encoded(&applied.batch).unwrap();
                 again.clear();
             }
-            log.extend(applied.batch.into_outbox().into_iter().filter(|r| r.topic == cfg.topics.changelog));
+            log.extend(
+                applied.batch.into_outbox().into_iter().filter(|r| cfg.topics.changelog() == Some(r.topic.as_str())),
+            );
         }
         if round == rounds {
             break;
@@ -393,7 +395,7 @@ fn a_batch_cut_short_at_the_end_of_the_changelog_is_left_out_and_set_back() {
 
     // The undo after the tail: a changelog that restores on its own to the
     // state before the cut batch, with no tail left.
-    let undo = b.undo(0, &tail, again.next, &cfg.topics.changelog).unwrap();
+    let undo = b.undo(0, &tail, again.next, cfg.topics.changelog().expect("on")).unwrap();
     assert_eq!(
         undo.len(),
         1 + p0[complete..cut].iter().map(|r| r.key.clone()).collect::<std::collections::BTreeSet<_>>().len()

@@ -1,0 +1,164 @@
+//! Faults of the input's log under a deployment's stored state: the topic
+//! deleted and created again while the state directory stays (what a
+//! development stack meets when the broker loses its volume), and a
+//! deployment that kept its changelog under the previous default name.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use reconciler::clock::system_clock;
+use reconciler::config::{Config, OnLostPosition};
+use reconciler::demo;
+use reconciler::kafka::admin;
+use reconciler::kafka::watermarks::Watermarks;
+use reconciler::pipeline::{previous_names, Pipeline, PipelineError};
+
+use crate::common::{self, check, run::Run};
+
+/// Runs a pipeline in a thread until `done` says so (then stops it) or it
+/// fails; its result, and the seconds it ran.
+fn run_until(cfg: &Config, mut done: impl FnMut() -> bool, limit: Duration) -> (Result<(), PipelineError>, f64) {
+    let started = Instant::now();
+    let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut pipeline = Pipeline::new(cfg.clone(), system_clock()).expect("the pipeline starts");
+    let flag = shutdown.clone();
+    let handle = std::thread::spawn(move || pipeline.run(&flag));
+    while !handle.is_finished() && started.elapsed() < limit && !done() {
+        std::thread::sleep(Duration::from_millis(200)); // polling interval
+    }
+    shutdown.store(true, std::sync::atomic::Ordering::SeqCst);
+    (handle.join().expect("the pipeline thread"), started.elapsed().as_secs_f64())
+}
+
+/// Deletes `topic` and creates it again, empty, with `partitions`.
+fn recreate(cfg: &Config, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", common::brokers()).create().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let deleted = rt.block_on(admin.delete_topics(&[topic], &AdminOptions::new())).unwrap();
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    let marks = Watermarks::new(&cfg.kafka).unwrap();
+    assert!(common::wait_for(Duration::from_secs(60), || !marks.exists(topic).unwrap_or(true)), "{topic} not deleted");
+    // Deletion finishes on the broker after metadata stops naming the
+    // topic: a create meanwhile is refused, and tried again.
+    let created = common::wait_for(Duration::from_secs(60), || {
+        admin::ensure_topics(&cfg.kafka, &[topic], partitions, 1).is_ok()
+            && (0..partitions).all(|p| marks.range(topic, p, Duration::from_secs(5)).is_ok_and(|r| r == (0, 0)))
+    });
+    assert!(created, "{topic} not created again");
+}
+
+/// The ids of the verdicts of `cfg` published at or after `from`.
+fn verdicts_since(cfg: &Config, from: &BTreeMap<i32, i64>) -> HashSet<String> {
+    let codec = reconciler::codec::Codec::new();
+    check::read_all(cfg, &[&cfg.topics.verdicts])
+        .into_iter()
+        .filter(|r| r.offset >= from.get(&r.partition).copied().unwrap_or(0))
+        .map(|r| codec.decode_verdict(r.value.as_deref().expect("a verdict")).expect("it decodes").verdict_id)
+        .collect()
+}
+
+/// Whether the group's committed offsets reach the end of the input.
+fn caught_up(cfg: &Config) -> bool {
+    let c = check::committed(cfg);
+    check::end_offsets(cfg, &cfg.topics.events).iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
+}
+
+/// The input topic deleted and created again under the state of 4 copies
+/// of the workload, and one new copy published: by default the pipeline
+/// stops at assignment, naming the partition, the stored position and the
+/// log's range, and nothing moves (no group offset is committed, no
+/// verdict is published); with `on_lost_position = "reset"` it
+/// forgets the state, reads the new log from its start and publishes
+/// exactly the verdicts the core predicts for the new copy alone. Without
+/// the check (`auto.offset.reset` as Kafka clients default it), the same
+/// start skips every new record: the restore rule takes them for records
+/// the group already published.
+#[test]
+fn a_recreated_input_topic_stops_with_the_facts_and_reset_rebuilds_from_the_new_log() {
+    let (run, first) = Run::prepare("lost-position", 4, 500, None);
+    let cfg = run.cfg.clone();
+    demo::publish(&cfg, &first).unwrap();
+    let (ran, secs) =
+        run_until(&cfg, || caught_up(&cfg) && run.verdicts_so_far() >= run.verdicts, Duration::from_secs(120));
+    ran.expect("the first run");
+    assert!(run.verdicts_so_far() >= run.verdicts, "the first run settled in {secs:.1} s");
+    let stored = check::committed(&cfg);
+    let verdict_end = check::end_offsets(&cfg, &cfg.topics.verdicts);
+
+    recreate(&cfg, &cfg.topics.events, cfg.topics.partitions);
+    let start = (system_clock())();
+    let second = demo::workload(start, 1);
+    demo::publish(&cfg, &second).unwrap();
+    let new_end = check::end_offsets(&cfg, &cfg.topics.events);
+    assert!(
+        new_end.iter().all(|(p, e)| stored.get(p).is_some_and(|s| s > e)),
+        "stored {stored:?}, new log {new_end:?}"
+    );
+
+    // (Kafka deletes a deleted topic's group offsets.)
+    let group_before = check::committed(&cfg);
+    // The default: stop, with the facts, and move nothing.
+    let (ran, secs) = run_until(&cfg, || false, Duration::from_secs(60));
+    let err = ran.expect_err("a lost position stops the pipeline").to_string();
+    println!("lost position (fail): stopped after {secs:.1} s: {err}");
+    for words in ["of ".to_owned() + &cfg.topics.events, "past the log's end".into(), "on_lost_position".into()] {
+        assert!(err.contains(&words), "{words}: {err}");
+    }
+    assert!(stored.values().any(|s| err.contains(&format!("position {s} "))), "the stored position is named: {err}");
+    assert_eq!(check::committed(&cfg), group_before, "the group's offsets did not move");
+    assert!(verdicts_since(&cfg, &verdict_end).is_empty(), "nothing was published");
+
+    // "reset": the new log from its start, as if the state were new.
+    let mut reset = cfg.clone();
+    reset.consumer.on_lost_position = OnLostPosition::Reset;
+    let expected: HashSet<String> =
+        demo::predicted_verdicts(&reset, &second, start).into_iter().map(|v| v.verdict_id).collect();
+    let (ran, secs) = run_until(
+        &reset,
+        || verdicts_since(&reset, &verdict_end).len() >= expected.len() && caught_up(&reset),
+        Duration::from_secs(120),
+    );
+    ran.expect("the reset run");
+    let published = verdicts_since(&reset, &verdict_end);
+    println!(
+        "lost position (reset): {} records in the new log, {} verdicts published of {} predicted, {} missing, {} unexpected, caught up in {secs:.1} s",
+        new_end.values().sum::<i64>(),
+        published.len(),
+        expected.len(),
+        expected.difference(&published).count(),
+        published.difference(&expected).count()
+    );
+    assert_eq!(published, expected, "the verdicts the core predicts for the new log alone");
+    // (The input grew by the timers the pipeline publishes there.)
+    assert!(caught_up(&reset), "the group's offsets follow the new log: {:?}", check::committed(&reset));
+}
+
+/// A deployment whose changelog is under the previous default name, started
+/// with the name left unset, stops and names the setting; a new group (a
+/// second deployment) and a changelog named in the settings start.
+#[test]
+fn a_changelog_under_the_previous_default_name_is_named_not_abandoned() {
+    let cfg = common::config("previous-name");
+    let previous = common::unique("previous.state");
+    let t = &cfg.topics;
+    admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, 1).unwrap();
+    admin::ensure_topics(&cfg.kafka, &[&previous], t.partitions, 1).unwrap();
+    let marks = Watermarks::new(&cfg.kafka).unwrap();
+    let mut unset = cfg.clone();
+    unset.topics.changelog = None;
+    unset.topics.name_after_group(&cfg.consumer.group_id);
+
+    // A group that never processed the input: a new deployment.
+    previous_names::check_against(&unset, &marks, &previous).expect("a new group starts");
+    // The group has processed the input: its state is under the old name.
+    check::try_commit_as_group(&cfg, 0, 1).unwrap();
+    let err = previous_names::check_against(&unset, &marks, &previous).unwrap_err().to_string();
+    println!("previous changelog name: {err}");
+    assert!(err.contains("topics.changelog") && err.contains(&format!("changelog = \"{previous}\"")), "{err}");
+    // Named in the settings, the changelog is whatever the operator says.
+    previous_names::check_against(&cfg, &marks, &previous).expect("a named changelog starts");
+}
