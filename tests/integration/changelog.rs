@@ -35,23 +35,6 @@ fn create_quick_compacting_changelog(cfg: &reconciler::config::Config) {
     }
 }
 
-/// Deletes every record of `topic` below its current end (Kafka's
-/// DeleteRecords): its low watermarks move there.
-fn delete_head(cfg: &reconciler::config::Config, topic: &str) {
-    use rdkafka::admin::{AdminClient, AdminOptions};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        reconciler::kafka::client_config(&[], &cfg.kafka, &[]).create().unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for (p, end) in check::end_offsets(cfg, topic) {
-        tpl.add_partition_offset(topic, p, rdkafka::Offset::Offset(end)).unwrap();
-    }
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let done = futures::executor::block_on(admin.delete_records(&tpl, &opts)).unwrap();
-    for e in done.elements() {
-        assert!(e.error().is_ok(), "deleting the head of {topic}/{}: {:?}", e.partition(), e.error());
-    }
-}
-
 /// The positions of the changelog's tombstones (null values) and the
 /// number of records it holds.
 fn tombstones(cfg: &reconciler::config::Config) -> (BTreeSet<(i32, i64)>, usize) {
@@ -114,7 +97,7 @@ fn a_replaced_machine_restores_from_the_compacted_changelog_without_the_inputs_h
     std::fs::remove_dir_all(&dir_a).unwrap();
     // The input's head, kept to check against, then deleted from the log.
     let head = check::read_all(&run.cfg, &[&run.cfg.topics.events]);
-    delete_head(&run.cfg, &run.cfg.topics.events);
+    check::delete_head(&run.cfg, &run.cfg.topics.events);
     let marks = reconciler::kafka::reader::watermarks(&run.cfg.kafka, &run.cfg.topics.events).unwrap();
     assert!(marks.values().all(|(low, high)| low == high), "the head was not deleted: {marks:?}");
 

@@ -794,17 +794,7 @@ fn run_serves_http_from_its_config_and_logs_json_lines_that_name_the_operation()
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let stderr = child.stderr.take().unwrap();
-    let collector = std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut lines = Vec::new();
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line.clone());
-            lines.push(line);
-        }
-        lines
-    });
+    let (rx, collector) = common::child::stderr_lines(&mut child);
     // The address comes from the log line of the server (port 0: any).
     let addr: SocketAddr = loop {
         let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server's log line");

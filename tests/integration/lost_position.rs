@@ -67,6 +67,49 @@ fn caught_up(cfg: &Config) -> bool {
     check::end_offsets(cfg, &cfg.topics.events).iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
 }
 
+/// `reconciler run` (the binary) stopped by a lost position stays up: its
+/// `/readyz` answers 503 with the facts, its `/metrics` counts the stop,
+/// and it exits non-zero on SIGTERM. Its log, piped and not a terminal,
+/// carries no colour codes.
+fn stopped_binary_waits_not_ready(run: &Run) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_reconciler"))
+        .args(["--config", run.config_file.to_str().unwrap(), "run"])
+        .env("RECONCILER_HTTP__BIND", "127.0.0.1:0")
+        .env("RECONCILER_SECURITY__CONTROL_KEYS", format!("[{:?}]", common::CONTROL_KEY))
+        .env("RECONCILER_LOG", "info,rdkafka=warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (rx, collector) = common::child::stderr_lines(&mut child);
+    let addr: std::net::SocketAddr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("the server's log line");
+        if line.contains("HTTP server listening") {
+            let at = line.split("addr=").nth(1).expect("the address field");
+            break at.split_whitespace().next().unwrap().parse().unwrap_or_else(|e| panic!("{e}: {line}"));
+        }
+    };
+    let stopped = common::wait_for(Duration::from_secs(60), || {
+        let (code, body) = common::http::request(addr, "GET", "/readyz", &[], "");
+        code == 503 && body.contains("past the log's end")
+    });
+    let (_, readiness) = common::http::request(addr, "GET", "/readyz", &[], "");
+    let (_, metrics) = common::http::request(addr, "GET", "/metrics", &[], "");
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().unwrap();
+    let lines = collector.join().unwrap();
+    println!("lost position (binary): stopped, /readyz {readiness}, exit {status}");
+    assert!(stopped, "/readyz red with the facts: {readiness}\n{}", lines.join("\n"));
+    // Every partition of the assignment is checked (each lost here).
+    let fails = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("reconciler_lost_positions_total{action=\"fail\"} "))
+        .and_then(|v| v.parse::<u32>().ok());
+    assert!(fails.is_some_and(|n| n >= 1), "{metrics}");
+    assert!(!status.success(), "exits non-zero after the stop");
+    assert!(lines.iter().all(|l| !l.contains('\u{1b}')), "no colour codes in a piped log: {lines:?}");
+}
+
 /// The input topic deleted and created again under the state of 4 copies
 /// of the workload, and one new copy published: by default the pipeline
 /// stops at assignment, naming the partition, the stored position and the
@@ -111,6 +154,8 @@ fn a_recreated_input_topic_stops_with_the_facts_and_reset_rebuilds_from_the_new_
     assert!(stored.values().any(|s| err.contains(&format!("position {s} "))), "the stored position is named: {err}");
     assert_eq!(check::committed(&cfg), group_before, "the group's offsets did not move");
     assert!(verdicts_since(&cfg, &verdict_end).is_empty(), "nothing was published");
+    stopped_binary_waits_not_ready(&run);
+    assert_eq!(check::committed(&cfg), group_before, "the binary's stop moved nothing either");
 
     // "reset": the new log from its start, as if the state were new.
     let mut reset = cfg.clone();
@@ -161,4 +206,60 @@ fn a_changelog_under_the_previous_default_name_is_named_not_abandoned() {
     assert!(err.contains("topics.changelog") && err.contains(&format!("changelog = \"{previous}\"")), "{err}");
     // Named in the settings, the changelog is whatever the operator says.
     previous_names::check_against(&cfg, &marks, &previous).expect("a named changelog starts");
+}
+
+/// A state directory left behind (a machine stopped for longer than the
+/// group's offsets are kept) while others went on, and retention has since
+/// deleted the input up to where they got: its stored position is before
+/// the log's start. By default the start stops, naming it; with
+/// `on_lost_position = "restore"` the partition is restored from the
+/// changelog, whose position is in the log, and nothing is published again.
+#[test]
+fn a_stale_state_before_the_logs_start_is_restored_from_the_changelog() {
+    let (run, workload) = Run::prepare("lost-restore", 3, 500, None);
+    let cfg = run.cfg.clone();
+    run.publish_part(&workload, 0, 2);
+    run_until(&cfg, || caught_up(&cfg), Duration::from_secs(120)).0.expect("the first half");
+    assert!(caught_up(&cfg), "the first half is processed");
+    let stale = common::temp_dir("lost-restore-stale");
+    copy_dir(&cfg.state_dir, &stale);
+    run.publish_part(&workload, 1, 2);
+    let (ran, secs) =
+        run_until(&cfg, || caught_up(&cfg) && run.verdicts_so_far() >= run.verdicts, Duration::from_secs(120));
+    ran.expect("the second half");
+    assert!(run.verdicts_so_far() >= run.verdicts, "every verdict after {secs:.1} s");
+    let verdict_end = check::end_offsets(&cfg, &cfg.topics.verdicts);
+    check::delete_head(&cfg, &cfg.topics.events);
+
+    // The stale copy, under a group whose offsets are gone.
+    let mut stopped = cfg.clone();
+    stopped.state_dir = stale;
+    stopped.consumer.group_id = format!("{}.later", cfg.consumer.group_id);
+    let (ran, _) = run_until(&stopped, || false, Duration::from_secs(60));
+    let err = ran.expect_err("a position before the log's start stops the pipeline").to_string();
+    println!("lost position (stale, fail): {err}");
+    assert!(err.contains("before the log's start"), "{err}");
+
+    let mut restore = stopped.clone();
+    restore.consumer.on_lost_position = OnLostPosition::Restore;
+    let (ran, secs) = run_until(&restore, || caught_up(&restore), Duration::from_secs(60));
+    ran.expect("the restore run");
+    let again = verdicts_since(&restore, &verdict_end);
+    println!("lost position (stale, restore): restored from the changelog and caught up in {secs:.1} s, {} verdicts published again", again.len());
+    assert!(caught_up(&restore), "the restored partitions go on from the changelog's position");
+    assert!(again.is_empty(), "nothing published again: {again:?}");
+}
+
+/// Copies directory `from` (files only, one level deep or more) to `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }

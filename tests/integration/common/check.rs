@@ -361,3 +361,20 @@ pub fn wait_settled(
         }
     }
 }
+
+/// Deletes every record of `topic` below its current end (Kafka's
+/// DeleteRecords): its low watermarks move there.
+pub fn delete_head(cfg: &Config, topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        reconciler::kafka::client_config(&[], &cfg.kafka, &[]).create().unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (p, end) in end_offsets(cfg, topic) {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Offset(end)).unwrap();
+    }
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let done = futures::executor::block_on(admin.delete_records(&tpl, &opts)).unwrap();
+    for e in done.elements() {
+        assert!(e.error().is_ok(), "deleting the head of {topic}/{}: {:?}", e.partition(), e.error());
+    }
+}

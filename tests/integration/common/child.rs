@@ -331,3 +331,20 @@ pub fn spawn_relay(config: &Path, env: (&str, &str), failpoints: Option<&str>, l
     let child = cmd.stdout(Stdio::null()).stderr(out).spawn().unwrap();
     Instance { child, log: log.to_owned(), ready_file: log.with_extension("no-ready-file") }
 }
+
+/// The lines `child` writes to its piped stderr, each as it comes (the
+/// receiver) and all of them once it exits (the thread's result).
+pub fn stderr_lines(child: &mut Child) -> (std::sync::mpsc::Receiver<String>, std::thread::JoinHandle<Vec<String>>) {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let collector = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            lines.push(line);
+        }
+        lines
+    });
+    (rx, collector)
+}
