@@ -263,3 +263,45 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Two deployments over one input (blue/green, or a rebuild into new
+/// topics with `run`), each with its own group and outputs and the state
+/// topics left unset: each has a changelog of its own, and the second
+/// publishes every verdict the first did instead of restoring the first's
+/// state and skipping the input.
+#[test]
+fn two_deployments_over_one_input_keep_their_state_apart() {
+    let (run, workload) = Run::prepare("blue-green", 2, 500, None);
+    let mut blue = run.cfg.clone();
+    blue.topics.changelog = None;
+    blue.topics.fleet = None;
+    blue.topics.name_after_group(&blue.consumer.group_id);
+    demo::publish(&blue, &workload).unwrap();
+    let (ran, secs) =
+        run_until(&blue, || caught_up(&blue) && run.verdicts_so_far() >= run.verdicts, Duration::from_secs(120));
+    ran.expect("blue");
+    let blue_verdicts = run.verdicts_so_far();
+
+    let mut green = blue.clone();
+    green.consumer.group_id = format!("{}.green", blue.consumer.group_id);
+    green.state_dir = common::temp_dir("blue-green-green-state");
+    green.topics.verdicts = format!("{}.green", blue.topics.verdicts);
+    green.topics.anomalies = format!("{}.green", blue.topics.anomalies);
+    green.topics.dlq = format!("{}.green", blue.topics.dlq);
+    green.topics.commands = format!("{}.green", blue.topics.commands);
+    green.topics.changelog = None;
+    green.topics.fleet = None;
+    green.topics.name_after_group(&green.consumer.group_id);
+    assert_ne!(green.topics.changelog(), blue.topics.changelog());
+    let green_verdicts = || verdicts_since(&green, &BTreeMap::new()).len();
+    let (ran, green_secs) =
+        run_until(&green, || caught_up(&green) && green_verdicts() >= blue_verdicts, Duration::from_secs(120));
+    ran.expect("green");
+    println!(
+        "two deployments: blue published {blue_verdicts} verdicts in {secs:.1} s, green {} in {green_secs:.1} s (changelogs {:?} and {:?})",
+        green_verdicts(),
+        blue.topics.changelog(),
+        green.topics.changelog()
+    );
+    assert_eq!(green_verdicts(), blue_verdicts, "green decides every operation itself");
+}
