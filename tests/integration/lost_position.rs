@@ -305,3 +305,45 @@ fn two_deployments_over_one_input_keep_their_state_apart() {
     );
     assert_eq!(green_verdicts(), blue_verdicts, "green decides every operation itself");
 }
+
+/// A position that leaves the log while the instance runs: it stops itself
+/// in its first batch (`pipeline::mid_batch`, SIGSTOP) with its fetch
+/// position where it was; meanwhile more records arrive and the input's
+/// head is deleted past them (retention catching up with a lagging
+/// consumer). Resumed within its session, it applies what it had fetched,
+/// then the broker answers that its fetch position is out of range: it
+/// stops, naming it, and commits nothing past what it applied.
+#[test]
+fn a_position_that_leaves_the_log_while_running_stops_the_instance() {
+    let (run, workload) = Run::prepare("lost-running", 2, 20, None);
+    let cfg = run.cfg.clone();
+    run.publish_part(&workload, 0, 2);
+    let mut child = run.spawn(Some("pipeline::mid_batch=1*return(stop)"));
+    assert!(
+        common::wait_for(Duration::from_secs(60), || common::run::stopped(child.pid())),
+        "the instance never reached its stop point; log:\n{}",
+        child.log_tail()
+    );
+    let first_end = check::end_offsets(&cfg, &cfg.topics.events);
+    run.publish_part(&workload, 1, 2);
+    check::delete_head(&cfg, &cfg.topics.events);
+    let stopped_for = Instant::now();
+    common::child::signal(child.pid(), "CONT");
+    let exited = common::wait_for(Duration::from_secs(60), || child.exited().is_some());
+    let log = std::fs::read_to_string(&child.log).unwrap_or_default();
+    println!(
+        "lost position (running): resumed after the head was deleted, exited {:.1} s later",
+        stopped_for.elapsed().as_secs_f64()
+    );
+    assert!(exited, "the instance went on; log:\n{log}");
+    // (The test child panics on the error and prints its fields.)
+    assert!(
+        log.contains("found while running") && log.contains("whose: \"fetch\""),
+        "the stop names the facts:\n{log}"
+    );
+    let committed = check::committed(&cfg);
+    assert!(
+        committed.iter().all(|(p, c)| first_end.get(p).is_some_and(|e| c <= e)),
+        "nothing committed past what was fetched before the deletion: {committed:?} > {first_end:?}"
+    );
+}
