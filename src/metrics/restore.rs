@@ -202,7 +202,7 @@ impl RestoreMetrics {
 
     /// The name of every metric here.
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 11] = [
+        let all: [&dyn Collector; 12] = [
             &self.restores,
             &self.records,
             &self.duration,
@@ -214,6 +214,7 @@ impl RestoreMetrics {
             &self.standby_partitions,
             &self.standby_lag,
             &self.standby_records,
+            &self.lost_positions,
         ];
         all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
     }
