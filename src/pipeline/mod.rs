@@ -19,6 +19,7 @@
 //!   a Kafka transaction per batch before its store write.
 
 mod apply;
+mod background;
 mod batch_limit;
 mod exactly_once;
 pub mod faults;
