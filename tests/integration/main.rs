@@ -22,6 +22,7 @@ mod group_and_transactions;
 mod http;
 mod interop;
 mod loadgen;
+mod network;
 mod operator;
 mod pipeline;
 mod probe;
