@@ -16,6 +16,7 @@ mod changelog;
 mod consumer;
 mod demo;
 mod deploy;
+mod disk;
 mod exactly_once;
 mod fleet;
 mod group_and_transactions;
