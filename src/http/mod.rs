@@ -318,7 +318,8 @@ async fn healthz() -> Response {
     Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
-/// Readiness: owned partitions restored and the outbox re-published.
+/// Readiness: owned partitions restored, the outbox re-published,
+/// publishing not refused and the broker answering.
 async fn readyz(State(s): State<AppState>) -> Response {
     let r = s.metrics.readiness();
     let code = if r.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };

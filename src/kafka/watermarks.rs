@@ -37,6 +37,16 @@ impl Watermarks {
             .map_err(KafkaError::client(format!("watermarks of {topic}/{partition}")))
     }
 
+    /// Asks the broker for `topic`'s metadata: `Ok` when it answered within
+    /// `timeout` (whatever the answer), the client's error otherwise. Every
+    /// call is a request on the wire, never an answer from a cache.
+    pub fn ask(&self, topic: &str, timeout: Duration) -> Result<(), KafkaError> {
+        self.client
+            .fetch_metadata(Some(topic), timeout)
+            .map(drop)
+            .map_err(KafkaError::client(format!("metadata of {topic}")))
+    }
+
     /// How many partitions `topic` has.
     pub fn partition_count(&self, topic: &str) -> Result<usize, KafkaError> {
         let md = self

@@ -127,8 +127,8 @@ struct TypeHandles {
 }
 
 /// Whether the instance can do its work: assigned partitions restored
-/// (caught up with what was in them at assignment) and the previous run's
-/// outbox re-published.
+/// (caught up with what was in them at assignment), the previous run's
+/// outbox re-published, publishing not refused, and the broker answering.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Readiness {
     /// Partitions assigned and all of them restored; as [`Metrics::readiness`]
@@ -144,6 +144,16 @@ pub struct Readiness {
     pub publish_refused: Option<String>,
     /// The pipeline stopped and waits for a person (why).
     pub stopped: Option<String>,
+    /// The broker has not answered for longer than the pipeline's bound
+    /// (how long, and the last error).
+    pub broker_unreachable: Option<String>,
+}
+
+impl Readiness {
+    /// Whether the instance can do its work, all conditions together.
+    fn can_work(&self) -> bool {
+        self.ready && self.publish_refused.is_none() && self.broker_unreachable.is_none() && self.stopped.is_none()
+    }
 }
 
 /// All metrics of one reconciler process.
@@ -189,6 +199,7 @@ pub struct Metrics {
     dlq_oldest_waiting: Gauge,
     partitions_owned: IntGauge,
     ready_gauge: IntGauge,
+    broker_last_answer: Gauge,
     scan_duration: Gauge,
     scan_operations: IntGauge,
     readiness: Mutex<Readiness>,
@@ -215,6 +226,12 @@ fn int_gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGa
 
 fn int_gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
     let m = IntGauge::new(name, help).expect("valid metric");
+    r.register(Box::new(m.clone())).expect("registered once");
+    m
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> Gauge {
+    let m = Gauge::new(name, help).expect("valid metric");
     r.register(Box::new(m.clone())).expect("registered once");
     m
 }
@@ -437,30 +454,27 @@ impl Metrics {
                 }
                 g
             },
-            dlq_oldest_waiting: {
-                let g = Gauge::new(
-                    "reconciler_dlq_oldest_waiting_seconds",
-                    "Age of the oldest dead letter not re-driven yet, in seconds (0 when there is none).",
-                )
-                .expect("valid metric");
-                r.register(Box::new(g.clone())).expect("registered once");
-                g
-            },
+            dlq_oldest_waiting: gauge(
+                &r,
+                "reconciler_dlq_oldest_waiting_seconds",
+                "Age of the oldest dead letter not re-driven yet, in seconds (0 when there is none).",
+            ),
             partitions_owned: int_gauge(&r, "reconciler_partitions_owned", "Input partitions owned by this instance."),
             ready_gauge: int_gauge(
                 &r,
                 "reconciler_ready",
-                "1 when owned partitions are restored and the outbox re-published, else 0.",
+                "1 when owned partitions are restored, the outbox re-published, publishing not refused and the broker answering, else 0.",
             ),
-            scan_duration: {
-                let g = Gauge::new(
-                    "reconciler_state_scan_duration_seconds",
-                    "Wall time of the last scan of the state store behind the state gauges.",
-                )
-                .expect("valid metric");
-                r.register(Box::new(g.clone())).expect("registered once");
-                g
-            },
+            broker_last_answer: gauge(
+                &r,
+                "reconciler_broker_last_answer_timestamp_seconds",
+                "When the broker last answered this instance's metadata request (Unix time, seconds; asked every second).",
+            ),
+            scan_duration: gauge(
+                &r,
+                "reconciler_state_scan_duration_seconds",
+                "Wall time of the last scan of the state store behind the state gauges.",
+            ),
             scan_operations: int_gauge(
                 &r,
                 "reconciler_state_scan_operations",
@@ -603,8 +617,25 @@ impl Metrics {
         let mut current = self.readiness.lock().expect("not poisoned");
         let refused = current.publish_refused.take();
         let stopped = current.stopped.take();
-        *current = Readiness { publish_refused: refused, stopped, ..r };
+        let unreachable = current.broker_unreachable.take();
+        *current = Readiness { publish_refused: refused, broker_unreachable: unreachable, stopped, ..r };
         self.publish_readiness(&current);
+    }
+
+    /// The broker answered at wall-clock time `at_ms`.
+    pub fn broker_answered(&self, at_ms: i64) {
+        self.broker_last_answer.set(at_ms as f64 / 1000.0);
+    }
+
+    /// The broker has not answered for longer than the bound (`Some`,
+    /// saying how long and why), or answers again (`None`): not ready
+    /// meanwhile.
+    pub fn set_broker_unreachable(&self, why: Option<String>) {
+        let mut current = self.readiness.lock().expect("not poisoned");
+        if current.broker_unreachable != why {
+            current.broker_unreachable = why;
+            self.publish_readiness(&current);
+        }
     }
 
     /// Publishing outputs is refused with an error no retry cures (`Some`,
@@ -626,7 +657,7 @@ impl Metrics {
     }
 
     fn publish_readiness(&self, r: &Readiness) {
-        let ready = r.ready && r.publish_refused.is_none() && r.stopped.is_none();
+        let ready = r.can_work();
         self.ready.store(ready, Ordering::SeqCst);
         self.ready_gauge.set(i64::from(ready));
         self.partitions_owned.set(r.partitions as i64);
@@ -640,7 +671,7 @@ impl Metrics {
     /// The readiness details (the body of `/readyz`).
     pub fn readiness(&self) -> Readiness {
         let mut r = self.readiness.lock().expect("not poisoned").clone();
-        r.ready &= r.publish_refused.is_none() && r.stopped.is_none();
+        r.ready = r.can_work();
         r
     }
 
@@ -717,7 +748,7 @@ impl Metrics {
     /// The name of every metric, whether or not it has a value yet
     /// (dashboards and alert rules are checked against this).
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 32] = [
+        let all: [&dyn Collector; 33] = [
             &self.events,
             &self.dead_letters,
             &self.verdicts,
@@ -748,6 +779,7 @@ impl Metrics {
             &self.dlq_oldest_waiting,
             &self.partitions_owned,
             &self.ready_gauge,
+            &self.broker_last_answer,
             &self.scan_duration,
             &self.scan_operations,
         ];
@@ -771,6 +803,25 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The run loop sets readiness at every timer tick: an unreachable
+    /// broker, reported by another thread, must survive those updates.
+    #[test]
+    fn an_unreachable_broker_keeps_readiness_red_across_the_run_loops_updates() {
+        let m = Metrics::new(&[], 10);
+        let caught_up = Readiness { ready: true, assigned: true, partitions: 3, restored: 3, ..Readiness::default() };
+        m.set_readiness(caught_up.clone());
+        assert!(m.is_ready() && m.readiness().ready);
+        m.set_broker_unreachable(Some("the broker has not answered for 10 s".into()));
+        m.set_readiness(caught_up.clone());
+        let r = m.readiness();
+        assert!(!m.is_ready() && !r.ready, "{r:?}");
+        assert_eq!(r.broker_unreachable.as_deref(), Some("the broker has not answered for 10 s"));
+        assert!(m.render().contains("reconciler_ready 0"));
+        m.set_broker_unreachable(None);
+        assert!(m.is_ready() && m.readiness().ready);
+        assert!(m.render().contains("reconciler_ready 1"));
+    }
 
     #[test]
     fn type_labels_are_bounded() {

@@ -14,12 +14,16 @@
 //! - `timers.rs`: the timer wheel, turning due deadlines into
 //!   `DeadlineReached` events in the log;
 //! - [`sampler`]: the state gauges, read from the store and the broker;
+//! - [`broker_watch`]: whether the broker answers (readiness, and the gauge
+//!   the unreachable-broker alert watches);
 //! - [`faults`]: the crash points of the reliability suites;
 //! - `exactly_once.rs`: the same loop under `guarantee = "exactly_once"`,
 //!   a Kafka transaction per batch before its store write.
 
 mod apply;
+mod background;
 mod batch_limit;
+pub mod broker_watch;
 mod exactly_once;
 pub mod faults;
 mod in_flight;
@@ -402,6 +406,11 @@ impl Pipeline {
         let source =
             sampler::Source::new(&self.cfg, &self.store, &self.consumer.assignment, &self.clock, &self.watermarks);
         let _sampler = sampler::Sampler::start(self.metrics.clone(), source);
+        let _broker_watch = broker_watch::BrokerWatch::start(
+            self.metrics.clone(),
+            self.watermarks.clone(),
+            self.cfg.topics.events.clone(),
+        );
         self.install_revoke_hook();
         self.republish_outbox(shutdown)?;
         let wait = Duration::from_millis(self.cfg.consumer.batch_wait_ms);

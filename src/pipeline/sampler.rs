@@ -22,7 +22,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::warn;
@@ -79,29 +78,14 @@ impl Source {
 
 /// The running sampler; stops (and joins) when dropped.
 pub struct Sampler {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
+    _thread: super::background::Background,
 }
 
 impl Sampler {
     /// Starts the sampler's thread.
     pub fn start(metrics: Arc<Metrics>, source: Source) -> Sampler {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("metrics-sampler".into())
-            .spawn(move || run(&metrics, &source, &flag))
-            .expect("spawning the metrics sampler");
-        Sampler { stop, handle: Some(handle) }
-    }
-}
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+        let thread = super::background::Background::spawn("metrics-sampler", move |stop| run(&metrics, &source, stop));
+        Sampler { _thread: thread }
     }
 }
 

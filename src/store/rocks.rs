@@ -35,6 +35,20 @@ pub enum StoreError {
     /// RocksDB failed (IO, a lock held by another process, ...).
     #[error("RocksDB: {0}")]
     Rocks(#[from] rocksdb::Error),
+    /// The volume of the state directory is full: RocksDB could not write
+    /// there (the write-ahead log, a flush, a compaction). Nothing written
+    /// after the last stored batch counts, and no offset past it was
+    /// committed: the instance goes on from there once it has room.
+    #[error(
+        "the state directory {dir} is out of disk space: the state store needs free space on its volume to write; free some (or move the directory to a larger volume) and start again"
+    )]
+    NoSpace {
+        /// The state directory.
+        dir: String,
+        /// RocksDB's error (the file it was writing).
+        #[source]
+        source: rocksdb::Error,
+    },
     /// A value or key that does not decode: the store was damaged or
     /// written by something else.
     #[error("corrupt {what} in the state store: {reason}")]
@@ -95,6 +109,17 @@ pub enum StoreError {
     },
 }
 
+/// RocksDB's error `e` about the store in `dir`: [`StoreError::NoSpace`]
+/// when its volume is full (RocksDB reports ENOSPC as an IO error with the
+/// system's text for it), else as it came.
+fn rocks_error(dir: &Path, e: rocksdb::Error) -> StoreError {
+    if e.kind() == rocksdb::ErrorKind::IOError && e.to_string().contains("No space left on device") {
+        StoreError::NoSpace { dir: dir.display().to_string(), source: e }
+    } else {
+        StoreError::Rocks(e)
+    }
+}
+
 /// The layout of the values in the store. 2: an operation's value carries
 /// its timeline total; the outbox holds one value per batch. 3: follow-ups,
 /// requeue counts, scheduled retries and supersession in the operation;
@@ -149,6 +174,8 @@ enum Logging {
 /// The durable state of one reconciler instance.
 pub struct Store {
     pub(super) db: DB,
+    /// The state directory (named by errors about its volume).
+    dir: std::path::PathBuf,
     logging: Logging,
     next_outbox_seq: AtomicU64,
     /// The input topic the state is of (its changelog's offsets records
@@ -314,16 +341,17 @@ impl Store {
             }
             ColumnFamilyDescriptor::new(*n, cf)
         });
-        let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
+        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| rocks_error(dir, e))?;
         let store = Store {
             db,
+            dir: dir.to_owned(),
             logging,
             next_outbox_seq: AtomicU64::new(0),
             topic: topic.to_owned(),
             timer_puts: Mutex::default(),
         };
         if !store.topic_matches(dir, topic)? {
-            store.db.put_cf(store.cf(META), b"topic", topic.as_bytes())?;
+            store.db.put_cf(store.cf(META), b"topic", topic.as_bytes()).map_err(|e| rocks_error(dir, e))?;
         }
         store.check_format(dir)?;
         let last = store.db.iterator_cf(store.cf(OUTBOX), IteratorMode::End).next().transpose()?;
@@ -351,6 +379,7 @@ impl Store {
         let db = DB::open_cf_as_secondary(&opts, dir, scratch, FAMILIES)?;
         let store = Store {
             db,
+            dir: dir.to_owned(),
             logging: Logging::Wal { sync: false },
             next_outbox_seq: AtomicU64::new(0),
             topic: topic.to_owned(),
@@ -379,8 +408,7 @@ impl Store {
     /// Refuses a store written in another format; marks a new one.
     fn check_format(&self, dir: &Path) -> Result<(), StoreError> {
         self.format_matches(dir)?;
-        self.db.put_cf(self.cf(META), b"format", FORMAT.to_be_bytes())?;
-        Ok(())
+        self.db.put_cf(self.cf(META), b"format", FORMAT.to_be_bytes()).map_err(|e| rocks_error(dir, e))
     }
 
     /// An error unless the store is of [`FORMAT`] (or has applied nothing).
@@ -870,8 +898,7 @@ impl Store {
             Logging::Wal { sync } => wo.set_sync(sync),
             Logging::Rebuild => wo.disable_wal(true),
         }
-        self.db.write_opt(wb, &wo)?;
-        Ok(())
+        self.db.write_opt(wb, &wo).map_err(|e| rocks_error(&self.dir, e))
     }
 
     /// The stored bytes of `key` in `family`, if any.
@@ -905,7 +932,6 @@ impl Store {
     /// for a rebuild holds is durable from then on.
     pub fn flush(&self) -> Result<(), StoreError> {
         let families: Vec<_> = FAMILIES.iter().map(|f| self.cf(f)).collect();
-        self.db.flush_cfs_opt(&families, &rocksdb::FlushOptions::default())?;
-        Ok(())
+        self.db.flush_cfs_opt(&families, &rocksdb::FlushOptions::default()).map_err(|e| rocks_error(&self.dir, e))
     }
 }

@@ -4,11 +4,13 @@
 
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod check;
 pub mod child;
 pub mod http;
 pub mod logs;
 pub mod postgres;
+pub mod proxy;
 pub mod run;
 pub mod tls;
 
@@ -43,6 +45,11 @@ pub fn wait_for(limit: std::time::Duration, mut cond: impl FnMut() -> bool) -> b
         std::thread::sleep(std::time::Duration::from_millis(50)); // polling interval
     }
     cond()
+}
+
+/// A TCP port of 127.0.0.1 free when asked (the system's choice).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A name no other test (or earlier run) uses.
@@ -105,5 +112,77 @@ impl Drop for Running {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+    }
+}
+
+/// Distinct verdicts published so far, read as they come (one reader for
+/// the whole test: reading the topic from the start at every poll would
+/// load the broker).
+pub struct VerdictCount {
+    reader: reconciler::kafka::reader::TopicReader,
+    distinct: std::collections::HashSet<Vec<u8>>,
+}
+
+impl VerdictCount {
+    pub fn new(cfg: &Config) -> VerdictCount {
+        let reader =
+            reconciler::kafka::reader::TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts], cfg.topics.partitions)
+                .unwrap();
+        VerdictCount { reader, distinct: Default::default() }
+    }
+
+    /// Reads what arrived (for up to 300 ms) and returns the count.
+    pub fn now(&mut self) -> usize {
+        let before = self.reader.records.len();
+        self.reader.read_until(std::time::Duration::from_millis(300), |r| r.len() >= before + 5_000);
+        for r in self.reader.records.drain(..) {
+            self.distinct.extend(r.value);
+        }
+        self.distinct.len()
+    }
+}
+
+/// A loadgen workload with every fault but the probed story (it needs the
+/// probe worker), published in event time now at `rate` records/s on a
+/// thread of its own while the test injects its fault.
+pub struct Paced {
+    handle: Option<JoinHandle<(reconciler::loadgen::Published, reconciler::loadgen::truth::GroundTruth)>>,
+    /// The ground truth, from a dry pass of the same (deterministic) generator.
+    pub expected: reconciler::loadgen::truth::GroundTruth,
+}
+
+impl Paced {
+    pub fn start(cfg: &Config, operations: u64, seed: u64, rate: u64) -> Paced {
+        use reconciler::loadgen::{self, EventTime, Faults, Generator, Workload};
+        let workload = Workload {
+            operations,
+            entities: None,
+            seed,
+            rate,
+            event_time: EventTime::Now,
+            confirm_within_ms: 3_000,
+            truth: None,
+            quiet: true,
+            faults: Faults { probed: 0.0, ..Faults::uniform(0.045) },
+        };
+        let o = workload.options(cfg, (reconciler::clock::system_clock())()).unwrap();
+        let mut dry = Generator::new(o.clone());
+        dry.by_ref().for_each(drop);
+        let expected = dry.into_truth();
+        let cfg = cfg.clone();
+        let handle = std::thread::spawn(move || loadgen::publish(&cfg, Generator::new(o), true, false).unwrap());
+        Paced { handle: Some(handle), expected }
+    }
+
+    /// Whether every record was published.
+    pub fn finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Waits for the last record; what was published and its ground truth.
+    pub fn join(mut self) -> (reconciler::loadgen::Published, reconciler::loadgen::truth::GroundTruth) {
+        let (published, truth) = self.handle.take().unwrap().join().expect("the publisher");
+        assert_eq!(truth, self.expected, "the dry pass and the published workload are the same");
+        (published, truth)
     }
 }
