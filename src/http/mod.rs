@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::fleet::Roster;
 use crate::kafka::consumer::Ownership;
 use crate::kafka::producer::Publisher;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RelayReadiness};
 use crate::pipeline::Pipeline;
 use crate::store::{Claims, Store};
 
@@ -192,15 +192,26 @@ impl Server {
     /// `/metrics` (the text of `registry`) and `/healthz` only: the server
     /// of a process without a pipeline (`reconciler probe`).
     pub fn metrics_only(addr: SocketAddr, registry: prometheus::Registry) -> Result<Server, HttpError> {
-        let render = move || async move {
-            ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], crate::metrics::render(&registry)).into_response()
-        };
-        let app = Router::new()
-            .route("/metrics", get(render))
-            .route("/healthz", get(healthz))
-            .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") });
-        let server = Server::serve(addr, app)?;
+        let server = Server::serve(addr, metrics_router(registry))?;
         info!(addr = %server.addr, "HTTP server listening (/metrics, /healthz)");
+        Ok(server)
+    }
+
+    /// The server of `reconciler relay`: [`Server::metrics_only`] and
+    /// `/readyz`, red while the broker refuses every row for a reason that
+    /// is not the row's (see [`RelayReadiness`]).
+    pub fn relay(
+        addr: SocketAddr,
+        registry: prometheus::Registry,
+        readiness: RelayReadiness,
+    ) -> Result<Server, HttpError> {
+        let readyz = move || async move {
+            let refused = readiness.refused();
+            let code = if refused.is_none() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            (code, Json(serde_json::json!({ "ready": refused.is_none(), "publish_refused": refused }))).into_response()
+        };
+        let server = Server::serve(addr, metrics_router(registry).route("/readyz", get(readyz)))?;
+        info!(addr = %server.addr, "HTTP server listening (/metrics, /healthz, /readyz)");
         Ok(server)
     }
 
@@ -262,6 +273,17 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.halt();
     }
+}
+
+/// `/metrics` (the text of `registry`) and `/healthz`.
+fn metrics_router(registry: prometheus::Registry) -> Router {
+    let render = move || async move {
+        ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], crate::metrics::render(&registry)).into_response()
+    };
+    Router::new()
+        .route("/metrics", get(render))
+        .route("/healthz", get(healthz))
+        .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") })
 }
 
 fn router(state: AppState) -> Router {

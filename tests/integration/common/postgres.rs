@@ -35,7 +35,7 @@ fn bin_dir() -> PathBuf {
     Path::new(&path).parent().unwrap().to_owned()
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
