@@ -77,7 +77,7 @@ impl Outbox {
 
     /// The single number `sql` selects.
     fn number(&self, sql: &str) -> i64 {
-        self.rt.block_on(async { self.client().await.query_one(sql, &[]).await.unwrap().get(0) })
+        self.pg.number(sql)
     }
 
     /// Rows with `status`.

@@ -96,6 +96,22 @@ impl PgCluster {
     }
 }
 
+impl PgCluster {
+    /// The single number `sql` selects.
+    #[allow(dead_code)] // by the tests; the benches that share this file do not ask
+    pub fn number(&self, sql: &str) -> i64 {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&self.connection(), tokio_postgres::NoTls).await.unwrap();
+            let task = tokio::spawn(conn);
+            let n = client.query_one(sql, &[]).await.unwrap().get(0);
+            drop(client);
+            let _ = task.await;
+            n
+        })
+    }
+}
+
 impl Drop for PgCluster {
     fn drop(&mut self) {
         let data = self.dir.join("data");
