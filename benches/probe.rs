@@ -22,14 +22,11 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use reconciler::codec::Codec;
 use reconciler::config::{Config, DestinationConfig, DestinationKind, Topics};
-use reconciler::core::{RepairAction, RepairCommand};
 use reconciler::kafka::admin;
 use reconciler::kafka::producer::Publisher;
 use reconciler::kafka::reader::TopicReader;
-use reconciler::loadgen::destination::{DestinationServer, Held};
-use reconciler::records::OutboxRecord;
+use reconciler::loadgen::destination::{probe_commands, DestinationServer, Held};
 
 #[path = "../tests/integration/common/postgres.rs"]
 mod postgres;
@@ -49,30 +46,7 @@ fn binary() -> PathBuf {
 
 /// Publishes `n` PROBE commands to `name`, keys `key-0` .. `key-{n-1}`.
 fn publish_commands(cfg: &Config, name: &str, n: usize) {
-    let codec = Codec::new();
-    let records: Vec<OutboxRecord> = (0..n)
-        .map(|i| {
-            let c = RepairCommand {
-                command_id: format!("{name}-cmd-{i}"),
-                verdict_id: format!("v-{i}"),
-                operation_id: format!("op-{i}"),
-                entity_id: format!("ent-{i}"),
-                operation_type: "sync_customer".into(),
-                action: RepairAction::Probe,
-                idempotency_key: Some(format!("key-{i}")),
-                destination: name.into(),
-                expected_version: Some(7),
-                expected_fingerprint: None,
-                issued_at: 0,
-            };
-            OutboxRecord {
-                topic: cfg.topics.commands.clone(),
-                key: Some(c.entity_id.clone().into_bytes()),
-                value: Some(codec.encode_command(&c).unwrap()),
-                headers: Vec::new(),
-            }
-        })
-        .collect();
+    let records = probe_commands(&cfg.topics.commands, name, &format!("{name}-"), n);
     Publisher::new(&cfg.kafka, 1 << 20).unwrap().publish_all(records.iter().map(|r| (r, None))).unwrap();
 }
 

@@ -188,7 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 relay.install().context("installing the outbox schema")?;
             }
             let _server = match cfg.relay.bind_addr()? {
-                Some(addr) => Some(http::Server::metrics_only(addr, registry)?),
+                Some(addr) => Some(http::Server::relay(addr, registry, relay.readiness())?),
                 None => None,
             };
             relay.run(&shutdown)?;

@@ -410,9 +410,17 @@ pub struct Http {
     /// Address to listen on; "off" (or "") runs no server.
     pub bind: String,
     /// Bearer token the endpoints that change state (resolve, redrive)
-    /// require; without one they are disabled. Prefer the environment
-    /// variable RECONCILER_HTTP__TOKEN to writing it in a file.
+    /// require; without one they are disabled. When set, the endpoints that
+    /// read (the review queue, operations, dead letters, the fleet) require
+    /// it too (or `read_token`). Prefer the environment variable
+    /// RECONCILER_HTTP__TOKEN to writing it in a file.
     pub token: Option<String>,
+    /// A bearer token that grants the reads only (review queue, operations,
+    /// dead letters, fleet), for people and dashboards that must not
+    /// decide or re-drive; `token` grants both. When either is set, reads
+    /// require one of them. `/healthz`, `/readyz` and `/metrics` stay open
+    /// (probes and scrapers). RECONCILER_HTTP__READ_TOKEN.
+    pub read_token: Option<String>,
     /// The URL other instances and operators reach this instance's API at
     /// (announced on `[topics] fleet`), e.g. `http://10.0.3.7:9464`.
     /// Default: `http://` and the bind address, unless that is a wildcard
@@ -431,7 +439,7 @@ pub struct Http {
 
 impl Default for Http {
     fn default() -> Self {
-        Http { bind: "127.0.0.1:9464".into(), token: None, advertised_url: None, actor_header: None }
+        Http { bind: "127.0.0.1:9464".into(), token: None, read_token: None, advertised_url: None, actor_header: None }
     }
 }
 
@@ -505,12 +513,23 @@ impl Security {
     }
 }
 
+impl Http {
+    /// The `Authorization` header value that reads from a member of the
+    /// fleet with this configuration's credentials (the read token, else
+    /// the token); `None` when neither is set and reads are open.
+    pub fn read_authorization(&self) -> Option<String> {
+        self.read_token.as_ref().or(self.token.as_ref()).map(|t| format!("Bearer {t}"))
+    }
+}
+
 impl std::fmt::Debug for Http {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let token = self.token.as_ref().map(|_| REDACTED);
+        let read_token = self.read_token.as_ref().map(|_| REDACTED);
         f.debug_struct("Http")
             .field("bind", &self.bind)
             .field("token", &token)
+            .field("read_token", &read_token)
             .field("advertised_url", &self.advertised_url)
             .field("actor_header", &self.actor_header)
             .finish()
@@ -799,6 +818,9 @@ impl Config {
         if self.http.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return Err(invalid("http.token", "must not be empty (leave it out to disable resolve and redrive)"));
         }
+        if self.http.read_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(invalid("http.read_token", "must not be empty (leave it out: http.token grants reads too)"));
+        }
         for (field, v) in [
             ("metrics.refresh_ms", self.metrics.refresh_ms),
             ("metrics.scan_ops_per_sec", self.metrics.scan_ops_per_sec),
@@ -876,7 +898,7 @@ impl Config {
                 *v = REDACTED.to_owned();
             }
         }
-        if let Some(t) = cfg.http.token.as_mut() {
+        for t in [cfg.http.token.as_mut(), cfg.http.read_token.as_mut()].into_iter().flatten() {
             *t = REDACTED.to_owned();
         }
         for k in cfg.security.control_keys.iter_mut() {
@@ -1001,8 +1023,11 @@ mod tests {
         assert!(err.contains("http.bind"), "{err}");
         let err = from_toml("[http]\ntoken = \" \"\n").unwrap_err().to_string();
         assert!(err.contains("http.token"), "{err}");
-        let cfg = from_toml("[http]\ntoken = \"s3cret\"\n").unwrap();
+        let err = from_toml("[http]\nread_token = \"\"\n").unwrap_err().to_string();
+        assert!(err.contains("http.read_token"), "{err}");
+        let cfg = from_toml("[http]\ntoken = \"s3cret\"\nread_token = \"r3ad\"\n").unwrap();
         assert!(!format!("{cfg:?}").contains("s3cret"), "the token never shows in a debug print");
+        assert!(!format!("{cfg:?}").contains("r3ad"), "nor the read token");
     }
 
     #[test]
@@ -1039,8 +1064,10 @@ mod tests {
             "[kafka]\n\"bootstrap.servers\" = \"k:9093\"\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.pem\" = \"PEM\"\n",
         )
         .unwrap();
-        let cfg = Config { http: Http { token: Some("t0k3n".into()), ..Http::default() }, ..cfg }.redacted();
+        let http = Http { token: Some("t0k3n".into()), read_token: Some("r3ad".into()), ..Http::default() };
+        let cfg = Config { http, ..cfg }.redacted();
         assert_eq!(cfg.http.token.as_deref(), Some("[REDACTED]"));
+        assert_eq!(cfg.http.read_token.as_deref(), Some("[REDACTED]"));
         assert_eq!(cfg.kafka["sasl.password"], "[REDACTED]");
         assert_eq!(cfg.kafka["ssl.key.pem"], "[REDACTED]");
         assert_eq!(cfg.kafka["bootstrap.servers"], "k:9093");

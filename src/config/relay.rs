@@ -46,12 +46,19 @@ pub struct RelayConfig {
     /// How long the broker may take to acknowledge a row before the publish
     /// counts as failed (an outage), in ms (librdkafka's `message.timeout.ms`).
     pub delivery_timeout_ms: u64,
+    /// How long every row may keep being refused for a reason that is not
+    /// the row's (no permission, no such topic) before the relay stops with
+    /// a non-zero exit, in ms; readiness is red from the first such
+    /// refusal. Outages (broker down, timeouts) are waited out however long
+    /// they last, and a row refused for its own sake is retried and
+    /// dead-lettered as `max_attempts` says.
+    pub give_up_after_ms: u64,
     /// `mark` (the default) or `delete` published rows.
     pub on_published: OnPublished,
     /// How often the outbox's backlog and dead letters are counted for the
     /// gauges, in ms.
     pub count_interval_ms: u64,
-    /// Where the relay serves `/metrics` and `/healthz`; "off" (or "")
+    /// Where the relay serves `/metrics`, `/healthz` and `/readyz`; "off" (or "")
     /// serves nothing.
     pub bind: String,
 }
@@ -66,6 +73,7 @@ impl Default for RelayConfig {
             backoff_initial_ms: 500,
             backoff_max_ms: 10_000,
             delivery_timeout_ms: 30_000,
+            give_up_after_ms: 60_000,
             on_published: OnPublished::Mark,
             count_interval_ms: 5000,
             bind: "127.0.0.1:9466".into(),
@@ -90,6 +98,7 @@ impl RelayConfig {
             ("relay.backoff_initial_ms", self.backoff_initial_ms),
             ("relay.delivery_timeout_ms", self.delivery_timeout_ms),
             ("relay.count_interval_ms", self.count_interval_ms),
+            ("relay.give_up_after_ms", self.give_up_after_ms),
         ] {
             if v == 0 {
                 return Err(invalid(field, "must be positive"));
@@ -100,6 +109,11 @@ impl RelayConfig {
         }
         self.bind_addr()?;
         Ok(())
+    }
+
+    /// `give_up_after_ms` as a duration.
+    pub fn give_up_after(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.give_up_after_ms)
     }
 
     /// `delivery_timeout_ms` as a duration.
@@ -145,6 +159,7 @@ mod tests {
             (RelayConfig { max_attempts: 0, ..Default::default() }, "relay.max_attempts"),
             (RelayConfig { poll_interval_ms: 0, ..Default::default() }, "relay.poll_interval_ms"),
             (RelayConfig { backoff_max_ms: 1, ..Default::default() }, "relay.backoff_max_ms"),
+            (RelayConfig { give_up_after_ms: 0, ..Default::default() }, "relay.give_up_after_ms"),
             (RelayConfig { bind: "nowhere".into(), ..Default::default() }, "relay.bind"),
             (RelayConfig { connection_env: " ".into(), ..Default::default() }, "relay.connection_env"),
         ];

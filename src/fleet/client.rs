@@ -32,10 +32,18 @@ pub struct FleetReview {
 }
 
 /// The client that asks the members (a member that does not answer within
-/// 10 s counts as unreachable).
-pub fn http_client() -> reqwest::Client {
+/// 10 s counts as unreachable), sending `authorization` (see
+/// [`crate::config::Http::read_authorization`]) with every request: the
+/// members' reads require it when a token is configured.
+pub fn http_client(authorization: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(mut value) = authorization.and_then(|a| reqwest::header::HeaderValue::from_str(a).ok()) {
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(10))
+        .default_headers(headers)
         .build()
         .expect("an HTTP client with default settings builds")
 }

@@ -182,7 +182,7 @@ fn admit<T>(
     if let Some(r) = auth::cross_site(headers, http.advertised_url.as_deref()) {
         return Err(Box::new(r));
     }
-    if let Some(r) = auth::refusal(http.token.as_deref(), headers) {
+    if let Some(r) = auth::refusal(http, headers) {
         return Err(Box::new(r));
     }
     body.map(|Json(b)| b).map_err(|e| {
@@ -354,12 +354,15 @@ pub(super) async fn dead_letters(State(s): State<AppState>, Query(q): Query<DlqQ
         Ok(Err(e)) => serde_json::json!({ "error": e.to_string() }),
         Err(e) => serde_json::json!({ "error": format!("the request failed: {e}") }),
     };
-    let outbox = match s.cfg.relay.connection() {
-        Err(e) => serde_json::json!({ "available": false, "reason": e.to_string() }),
-        Ok(connection) => {
+    let outbox = match s.outbox_pool() {
+        Err(reason) => serde_json::json!({ "available": false, "reason": reason }),
+        Ok(pool) => {
+            // Waiting for a free connection of the pool counts against the
+            // patience too: a burst of requests queues, it does not open a
+            // connection each.
             let read = async {
-                let client = crate::outbox::connect(&connection).await?;
-                crate::outbox::dead_letter::summary(&client, samples).await
+                let client = pool.get().await?;
+                crate::outbox::dead_letter::summary(&**client, samples).await
             };
             match tokio::time::timeout(OUTBOX_PATIENCE, read).await {
                 Ok(Ok(summary)) => {

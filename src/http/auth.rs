@@ -1,29 +1,58 @@
-//! The checks of the endpoints that change state: the bearer token, the
-//! origin of the request (CSRF) and who the caller is (the actor of a
-//! decision).
+//! The checks of the API: the bearer token of the endpoints that read and
+//! of those that change state, the origin of the request (CSRF) and who
+//! the caller is (the actor of a decision).
 
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::api::error;
+use crate::config::Http;
+use crate::signature::same_secret;
+
+/// The token of `Authorization: Bearer <token>`, if the request has one.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+}
+
+/// `None` when a read may go ahead: no token is configured (reads are
+/// open), or `headers` carry `http.token` or `http.read_token`; else the
+/// 401 to send.
+pub(super) fn read_refusal(http: &Http, headers: &HeaderMap) -> Option<Response> {
+    let accepted: Vec<&str> = [http.token.as_deref(), http.read_token.as_deref()].into_iter().flatten().collect();
+    if accepted.is_empty() {
+        return None;
+    }
+    match bearer(headers) {
+        Some(t) if accepted.iter().any(|a| same_secret(t.as_bytes(), a.as_bytes())) => None,
+        Some(_) => Some(unauthorized("wrong bearer token")),
+        None => {
+            Some(unauthorized("missing bearer token: reads need Authorization: Bearer <http.read_token or http.token>"))
+        }
+    }
+}
 
 /// `None` when `headers` carry `Authorization: Bearer <configured>`; else
 /// the refusal to send: 403 when no token is configured (the endpoints are
 /// off), 401 when the token is missing or wrong.
-pub(super) fn refusal(configured: Option<&str>, headers: &HeaderMap) -> Option<Response> {
-    let Some(expected) = configured else {
+/// The read token is refused here with 403: it grants reads only.
+pub(super) fn refusal(http: &Http, headers: &HeaderMap) -> Option<Response> {
+    let Some(expected) = http.token.as_deref() else {
         return Some(error(
             StatusCode::FORBIDDEN,
             "this endpoint changes state and is disabled: no http.token is configured (set it, or RECONCILER_HTTP__TOKEN)",
         ));
     };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
-    match given {
-        Some(t) if crate::signature::same_secret(t.as_bytes(), expected.as_bytes()) => None,
+    let reads_only = |t: &str| http.read_token.as_deref().is_some_and(|r| same_secret(t.as_bytes(), r.as_bytes()));
+    match bearer(headers) {
+        Some(t) if same_secret(t.as_bytes(), expected.as_bytes()) => None,
+        Some(t) if reads_only(t) => Some(error(
+            StatusCode::FORBIDDEN,
+            "this token (http.read_token) grants reads only: changing state needs http.token",
+        )),
         Some(_) => Some(unauthorized("wrong bearer token")),
         None => Some(unauthorized("missing bearer token: send Authorization: Bearer <http.token>")),
     }
@@ -178,14 +207,34 @@ mod tests {
         assert_eq!(actor(Some("x-forwarded-user"), &twice, "").unwrap_err().status(), StatusCode::BAD_REQUEST);
     }
 
+    fn http(token: Option<&str>, read_token: Option<&str>) -> Http {
+        Http { token: token.map(str::to_owned), read_token: read_token.map(str::to_owned), ..Http::default() }
+    }
+
     #[test]
     fn token_rules() {
-        let check = |c, h| refusal(c, &h).map(|r| r.status());
+        let check = |c: Option<&str>, h| refusal(&http(c, None), &h).map(|r| r.status());
         assert_eq!(check(Some("t0k"), headers(Some("Bearer t0k"))), None);
         assert_eq!(check(Some("t0k"), headers(Some("Bearer t0x"))), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(check(Some("t0k"), headers(Some("Bearer t0"))), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(check(Some("t0k"), headers(Some("Basic t0k"))), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(check(Some("t0k"), headers(None)), Some(StatusCode::UNAUTHORIZED));
         assert_eq!(check(None, headers(Some("Bearer x"))), Some(StatusCode::FORBIDDEN));
+        let both = http(Some("t0k"), Some("r3ad"));
+        assert_eq!(refusal(&both, &headers(Some("Bearer r3ad"))).map(|r| r.status()), Some(StatusCode::FORBIDDEN));
+    }
+
+    #[test]
+    fn reads_need_either_token_once_one_is_configured() {
+        let check = |h: &Http, auth| read_refusal(h, &headers(auth)).map(|r| r.status());
+        assert_eq!(check(&http(None, None), None), None, "no token configured: reads are open");
+        for configured in [http(Some("t0k"), None), http(None, Some("r3ad")), http(Some("t0k"), Some("r3ad"))] {
+            assert_eq!(check(&configured, None), Some(StatusCode::UNAUTHORIZED));
+            assert_eq!(check(&configured, Some("Bearer nope")), Some(StatusCode::UNAUTHORIZED));
+        }
+        let both = http(Some("t0k"), Some("r3ad"));
+        assert_eq!(check(&both, Some("Bearer t0k")), None, "the token grants reads too");
+        assert_eq!(check(&both, Some("Bearer r3ad")), None);
+        assert_eq!(check(&http(Some("t0k"), None), Some("Bearer r3ad")), Some(StatusCode::UNAUTHORIZED));
     }
 }

@@ -7,7 +7,10 @@
 //! metrics, the readiness flag and the state store (RocksDB reads are safe
 //! from any thread). Anything that changes state goes through the log, as a
 //! `ManualDecision` event or a re-driven record, never into the store
-//! directly; those endpoints require the bearer token of `[http]`.
+//! directly; those endpoints require the bearer token of `[http]`. With a
+//! token (or a read token) configured, the endpoints that read require one
+//! too; the probes' and the scraper's endpoints and the panel's static
+//! files stay open (see [`router`]).
 
 mod api;
 mod auth;
@@ -30,7 +33,7 @@ use crate::config::Config;
 use crate::fleet::Roster;
 use crate::kafka::consumer::Ownership;
 use crate::kafka::producer::Publisher;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RelayReadiness};
 use crate::pipeline::Pipeline;
 use crate::store::{Claims, Store};
 
@@ -80,6 +83,10 @@ pub struct AppState {
     /// The partitions the pipeline writes (standby replicas write only the
     /// others).
     pub claims: Claims,
+    /// The bounded pool of connections to the outbox's database, made on
+    /// first use, or why there is none (no `[relay] connection_env`
+    /// variable set).
+    pub outbox: Arc<OnceLock<Result<deadpool_postgres::Pool, String>>>,
 }
 
 /// What the server knows of the fleet.
@@ -104,12 +111,25 @@ impl AppState {
             claims: pipeline.claims(),
             fleet: Arc::new(OnceLock::new()),
             client: Arc::new(OnceLock::new()),
+            outbox: Arc::new(OnceLock::new()),
         }
     }
 
-    /// The client that asks the other members.
+    /// The client that asks the other members, with this instance's read
+    /// credentials.
     pub fn client(&self) -> &reqwest::Client {
-        self.client.get_or_init(crate::fleet::client::http_client)
+        self.client.get_or_init(|| crate::fleet::client::http_client(self.cfg.http.read_authorization().as_deref()))
+    }
+
+    /// The pool of connections to the outbox's database (at most
+    /// [`crate::outbox::POOL_SIZE`]), or why this instance cannot reach the
+    /// outbox.
+    pub fn outbox_pool(&self) -> Result<&deadpool_postgres::Pool, &str> {
+        let pool = self.outbox.get_or_init(|| {
+            let connection = self.cfg.relay.connection().map_err(|e| e.to_string())?;
+            crate::outbox::pool(&connection, crate::outbox::POOL_SIZE).map_err(|e| e.to_string())
+        });
+        pool.as_ref().map_err(String::as_str)
     }
 
     /// Whether the pipeline owns `partition` now (always, without one).
@@ -192,15 +212,26 @@ impl Server {
     /// `/metrics` (the text of `registry`) and `/healthz` only: the server
     /// of a process without a pipeline (`reconciler probe`).
     pub fn metrics_only(addr: SocketAddr, registry: prometheus::Registry) -> Result<Server, HttpError> {
-        let render = move || async move {
-            ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], crate::metrics::render(&registry)).into_response()
-        };
-        let app = Router::new()
-            .route("/metrics", get(render))
-            .route("/healthz", get(healthz))
-            .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") });
-        let server = Server::serve(addr, app)?;
+        let server = Server::serve(addr, metrics_router(registry))?;
         info!(addr = %server.addr, "HTTP server listening (/metrics, /healthz)");
+        Ok(server)
+    }
+
+    /// The server of `reconciler relay`: [`Server::metrics_only`] and
+    /// `/readyz`, red while the broker refuses every row for a reason that
+    /// is not the row's (see [`RelayReadiness`]).
+    pub fn relay(
+        addr: SocketAddr,
+        registry: prometheus::Registry,
+        readiness: RelayReadiness,
+    ) -> Result<Server, HttpError> {
+        let readyz = move || async move {
+            let refused = readiness.refused();
+            let code = if refused.is_none() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            (code, Json(serde_json::json!({ "ready": refused.is_none(), "publish_refused": refused }))).into_response()
+        };
+        let server = Server::serve(addr, metrics_router(registry).route("/readyz", get(readyz)))?;
+        info!(addr = %server.addr, "HTTP server listening (/metrics, /healthz, /readyz)");
         Ok(server)
     }
 
@@ -264,7 +295,33 @@ impl Drop for Server {
     }
 }
 
+/// `/metrics` (the text of `registry`) and `/healthz`.
+fn metrics_router(registry: prometheus::Registry) -> Router {
+    let render = move || async move {
+        ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], crate::metrics::render(&registry)).into_response()
+    };
+    Router::new()
+        .route("/metrics", get(render))
+        .route("/healthz", get(healthz))
+        .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") })
+}
+
+/// The routes, by who may call them:
+/// - open to anyone: `/healthz`, `/readyz` and `/metrics` (orchestrators'
+///   probes and Prometheus' scraper carry no token) and the panel's static
+///   page, script and style (they hold no data; the panel sends the token
+///   with every request it makes for data);
+/// - reads (`/api/review`, `/api/operations/{id}`, `/api/dlq`,
+///   `/api/fleet`): with `[http] token` or `read_token` configured, either
+///   of them (see [`auth::read_refusal`]);
+/// - changes (resolve, re-drives): `[http] token` only, and same-origin.
 fn router(state: AppState) -> Router {
+    let reads = Router::new()
+        .route("/api/operations/{id}", get(api::operation))
+        .route("/api/review", get(api::review))
+        .route("/api/dlq", get(api::dead_letters))
+        .route("/api/fleet", get(fleet::members))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_read));
     Router::new()
         .route("/", get(panel_page))
         .route("/panel.js", get(panel_js))
@@ -272,18 +329,28 @@ fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/api/operations/{id}", get(api::operation))
-        .route("/api/review", get(api::review))
+        .merge(reads)
         .route("/api/operations/{id}/resolve", post(api::resolve))
-        .route("/api/dlq", get(api::dead_letters))
         .route("/api/dlq/redrive", post(api::redrive))
         .route("/api/dlq/outbox/redrive", post(api::outbox_redrive))
-        .route("/api/fleet", get(fleet::members))
         .fallback(|| async { api::error(StatusCode::NOT_FOUND, "no such endpoint") })
         // A decision or a re-drive request is a few hundred bytes: a body
         // past this is refused (413) before it is buffered.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Lets a read through only with the credentials [`auth::read_refusal`]
+/// asks for.
+async fn require_read(
+    State(s): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match auth::read_refusal(&s.cfg.http, request.headers()) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    }
 }
 
 /// Largest request body the API reads (64 KiB).

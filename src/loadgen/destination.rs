@@ -259,3 +259,33 @@ pub fn replay_with_answers(
     }
     (out, engine)
 }
+
+/// `n` PROBE commands to `destination`, the `i`th (id `{prefix}cmd-{i}`)
+/// asking about `key-{i}` at version 7, as records of `topic`: the
+/// backlog the tests and the probe bench give the probe worker.
+pub fn probe_commands(topic: &str, destination: &str, prefix: &str, n: usize) -> Vec<crate::records::OutboxRecord> {
+    let codec = crate::codec::Codec::new();
+    (0..n)
+        .map(|i| {
+            let c = crate::core::RepairCommand {
+                command_id: format!("{prefix}cmd-{i}"),
+                verdict_id: format!("v-{i}"),
+                operation_id: format!("op-{i}"),
+                entity_id: format!("ent-{i}"),
+                operation_type: "sync_customer".into(),
+                action: crate::core::RepairAction::Probe,
+                idempotency_key: Some(format!("key-{i}")),
+                destination: destination.into(),
+                expected_version: Some(7),
+                expected_fingerprint: None,
+                issued_at: 0,
+            };
+            crate::records::OutboxRecord {
+                topic: topic.to_owned(),
+                key: Some(c.entity_id.clone().into_bytes()),
+                value: Some(codec.encode_command(&c).expect("a command encodes")),
+                headers: Vec::new(),
+            }
+        })
+        .collect()
+}

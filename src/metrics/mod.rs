@@ -40,7 +40,7 @@ use crate::core::{
     Action, AnomalyKind, Authenticity, Disposition, Escalation, OperationState, Outcome, Output, RepairAction, Status,
 };
 pub use probe::{ProbeMetrics, ProbeResult, UNKNOWN_DESTINATION};
-pub use relay::{RelayFailure, RelayMetrics, WAITING_STATUSES};
+pub use relay::{RelayFailure, RelayMetrics, RelayReadiness, WAITING_STATUSES};
 pub use restore::{RestoreMetrics, RestoreSource};
 
 /// Everything `registry` holds in the Prometheus text exposition format.

@@ -3,10 +3,12 @@
 //! the outbox itself as the relay last counted it (backlog and age by
 //! status), which the dead-letter alerts watch.
 
-use prometheus::core::Collector;
-use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGaugeVec, Registry};
+use std::sync::{Arc, Mutex};
 
-use super::{counter, gauge_vec, int_counter, int_gauge_vec};
+use prometheus::core::Collector;
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+
+use super::{counter, gauge_vec, int_counter, int_gauge, int_gauge_vec};
 
 /// Why a publish of an outbox row failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +37,32 @@ impl RelayFailure {
 /// The outbox statuses the gauges report (published rows are history).
 pub const WAITING_STATUSES: [&str; 2] = ["pending", "dead_letter"];
 
+/// Whether the relay can do its work: not while the broker refuses every
+/// row for a reason that is not the row's (no permission, no such topic),
+/// which only a person can cure. Shared between the relay, which sets it,
+/// and its `/readyz`, which answers from it.
+#[derive(Clone)]
+pub struct RelayReadiness {
+    refused: Arc<Mutex<Option<String>>>,
+    gauge: IntGauge,
+}
+
+impl RelayReadiness {
+    /// The refusal in force (`None`: ready).
+    pub fn refused(&self) -> Option<String> {
+        self.refused.lock().expect("not poisoned").clone()
+    }
+
+    /// Publishing is refused for every row (with the error), or no longer.
+    pub fn set_refused(&self, error: Option<String>) {
+        self.gauge.set(i64::from(error.is_none()));
+        *self.refused.lock().expect("not poisoned") = error;
+    }
+}
+
 /// The relay's metrics.
 pub struct RelayMetrics {
+    readiness: RelayReadiness,
     published: IntCounter,
     failures: IntCounterVec,
     dead_lettered: IntCounter,
@@ -48,7 +74,14 @@ pub struct RelayMetrics {
 impl RelayMetrics {
     /// Registers the metrics in `r`, every series present from the start.
     pub fn new(r: &Registry) -> RelayMetrics {
+        let ready = int_gauge(
+            r,
+            "reconciler_relay_ready",
+            "1 when the relay's /readyz says ready; 0 while the broker refuses every row for a reason that is not the row's (no permission, no such topic).",
+        );
+        ready.set(1);
         let m = RelayMetrics {
+            readiness: RelayReadiness { refused: Arc::new(Mutex::new(None)), gauge: ready },
             published: int_counter(
                 r,
                 "reconciler_relay_published_total",
@@ -104,6 +137,11 @@ impl RelayMetrics {
         self.dead_lettered.inc_by(n as u64);
     }
 
+    /// The relay's readiness, to share with its `/readyz`.
+    pub fn readiness(&self) -> RelayReadiness {
+        self.readiness.clone()
+    }
+
     /// A claim ran.
     pub fn round(&self) {
         self.rounds.inc();
@@ -112,8 +150,15 @@ impl RelayMetrics {
     /// The name of every metric (alert rules and dashboards are checked
     /// against them).
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 6] =
-            [&self.published, &self.failures, &self.dead_lettered, &self.rounds, &self.rows, &self.oldest];
+        let all: [&dyn Collector; 7] = [
+            &self.published,
+            &self.failures,
+            &self.dead_lettered,
+            &self.rounds,
+            &self.rows,
+            &self.oldest,
+            &self.readiness.gauge,
+        ];
         all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
     }
 

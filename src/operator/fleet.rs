@@ -47,10 +47,16 @@ fn query(filter: &ReviewFilter) -> String {
     q.join("&")
 }
 
+/// The client that asks the members, with this configuration's read
+/// credentials.
+fn member_client(cfg: &Config) -> reqwest::Client {
+    client::http_client(cfg.http.read_authorization().as_deref())
+}
+
 /// `reconciler review --fleet`.
 pub fn review_fleet_cmd(cfg: &Config, filter: &ReviewFilter, as_json: bool) -> Result<String, OperatorError> {
     let members = live_members(cfg)?;
-    let fleet = runtime()?.block_on(client::review(&client::http_client(), &members, &query(filter)));
+    let fleet = runtime()?.block_on(client::review(&member_client(cfg), &members, &query(filter)));
     if as_json {
         return Ok(format!("{}\n", serde_json::to_string_pretty(&fleet).expect("JSON serializes")));
     }
@@ -77,7 +83,7 @@ pub fn review_fleet_cmd(cfg: &Config, filter: &ReviewFilter, as_json: bool) -> R
 pub fn explain_fleet_cmd(cfg: &Config, operation_id: &str, as_json: bool) -> Result<String, OperatorError> {
     let members = live_members(cfg)?;
     let (owner, body) = runtime()?
-        .block_on(client::find(&client::http_client(), &members, operation_id))
+        .block_on(client::find(&member_client(cfg), &members, operation_id))
         .ok_or_else(|| OperatorError::NotFound(operation_id.to_owned()))?;
     if as_json {
         return Ok(format!("{}\n", serde_json::to_string_pretty(&body).expect("JSON serializes")));

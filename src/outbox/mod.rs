@@ -52,6 +52,9 @@ pub enum OutboxError {
     /// The outbox table does not exist in the database.
     #[error("the database has no reconciler_outbox table: apply sql/outbox.sql (or run `reconciler relay --install`)")]
     NoTable,
+    /// No connection could be taken from the pool (see [`pool`]).
+    #[error("a connection to the outbox's database: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
 }
 
 impl OutboxError {
@@ -136,6 +139,26 @@ pub(crate) fn missing_table(e: tokio_postgres::Error, context: &str) -> OutboxEr
     } else {
         OutboxError::db(context)(e)
     }
+}
+
+/// Most connections the HTTP API of one instance holds to the outbox's
+/// database. It is the services' database, not the reconciler's: a panel
+/// left open, or many, must not take its connection slots.
+pub const POOL_SIZE: usize = 2;
+
+/// A pool of at most `size` connections to the outbox's database
+/// (`connection`: a connection string), opened on demand on the current
+/// tokio runtime and reused; a connection found closed is replaced.
+pub fn pool(connection: &str, size: usize) -> Result<deadpool_postgres::Pool, OutboxError> {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+    let config: tokio_postgres::Config =
+        connection.parse().map_err(OutboxError::db("parsing the connection string"))?;
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(|e| OutboxError::Invalid(format!("building the outbox's connection pool: {e}")))
 }
 
 /// A connection to the outbox's database, its driver task spawned on the

@@ -15,6 +15,11 @@
 //! - a row the broker refuses (too large, invalid): the row's attempts
 //!   grow, it is retried after its own back-off, and after
 //!   `max_attempts` it becomes `dead_letter` with the error;
+//! - every row refused for a reason that is not its own (no permission, no
+//!   such topic): no row is charged, readiness turns red, the relay pauses
+//!   like in an outage, and after `give_up_after_ms` of nothing else it
+//!   stops with [`RelayError::PublishRefused`] (a non-zero exit), the rows
+//!   still pending, instead of retrying forever what only a person can fix;
 //! - PostgreSQL unreachable: the relay reconnects with the same back-off;
 //!   a claim cut short by it is rolled back by the server, so its rows are
 //!   pending again (and published again if they already were).
@@ -58,6 +63,16 @@ pub enum RelayError {
     /// The relay's runtime could not start.
     #[error("starting the relay's runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// The broker refused every row for a reason that is not the row's (no
+    /// permission, no such topic) for `[relay] give_up_after_ms`: the relay
+    /// stops instead of retrying forever; the rows stay pending.
+    #[error("publishing the outbox was refused for {seconds} s for a reason retrying does not cure: {error}")]
+    PublishRefused {
+        /// How long it kept trying.
+        seconds: u64,
+        /// The last refusal.
+        error: String,
+    },
 }
 
 /// What one round did.
@@ -170,6 +185,11 @@ impl Relay {
         tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(RelayError::Runtime)
     }
 
+    /// Its readiness, for the `/readyz` of its server.
+    pub fn readiness(&self) -> crate::metrics::RelayReadiness {
+        self.metrics.readiness()
+    }
+
     /// Applies `sql/outbox.sql` (idempotent).
     pub fn install(&self) -> Result<(), RelayError> {
         Relay::runtime()?.block_on(async {
@@ -192,6 +212,9 @@ impl Relay {
         let mut stalls = 0u32;
         let mut counted: Option<Instant> = None;
         let count_every = Duration::from_millis(self.cfg.count_interval_ms);
+        // Since when every round has been refused for a reason that is not
+        // the rows' (see [`Relay::refusal`]).
+        let mut refused_since: Option<Instant> = None;
         info!(topic = %self.topic, batch_size = self.cfg.batch_size, "relay: started");
         while !shutdown.load(Ordering::Relaxed) {
             if db.as_ref().is_none_or(Db::broken) {
@@ -217,6 +240,7 @@ impl Relay {
             }
             match self.round(&mut d.client).await {
                 Ok(r) => {
+                    self.judge_refusal(&r, &mut refused_since).await?;
                     if let Some((class, code)) = r.stalled {
                         stalls += 1;
                         warn!(class = class.label(), error = %code, published = r.published, "relay: publishing failed; pausing");
@@ -240,6 +264,67 @@ impl Relay {
         self.producer.flush(Duration::from_secs(5));
         info!("relay: stopped");
         Ok(())
+    }
+
+    /// Keeps readiness and `refused_since` up to date with round `r`: red
+    /// from the first round whose rows were all refused for a reason that
+    /// is not theirs, green again at the first round that claimed rows and
+    /// was not; an error once that has lasted `give_up_after_ms` (the rows
+    /// stay pending, so nothing is lost by stopping). Empty rounds say
+    /// nothing either way.
+    async fn judge_refusal(&self, r: &Round, refused_since: &mut Option<Instant>) -> Result<(), RelayError> {
+        let readiness = self.metrics.readiness();
+        let refusal = match r.stalled {
+            Some((RelayFailure::Refused, code)) if r.published == 0 => Some(format!("{code:?}: {code}")),
+            Some((RelayFailure::Outage, _)) if r.published == 0 => self.topic_refused().await,
+            _ => None,
+        };
+        let Some(error) = refusal else {
+            if r.claimed > 0 && refused_since.take().is_some() {
+                info!("relay: publishing accepted again; ready");
+                readiness.set_refused(None);
+            }
+            return Ok(());
+        };
+        let since = *refused_since.get_or_insert_with(Instant::now);
+        readiness.set_refused(Some(error.clone()));
+        let seconds = since.elapsed().as_secs();
+        if since.elapsed() >= self.cfg.give_up_after() {
+            tracing::error!(
+                error,
+                seconds,
+                "relay: every row keeps being refused for a reason retrying does not cure; stopping"
+            );
+            return Err(RelayError::PublishRefused { seconds, error });
+        }
+        tracing::error!(
+            error,
+            seconds,
+            "relay: every row refused: this needs a person (permissions, topics); retrying until give_up_after_ms"
+        );
+        Ok(())
+    }
+
+    /// After a round that failed like an outage: whether the real cause is
+    /// the topic, gone or not this client's to describe. librdkafka
+    /// reports a topic missing from the metadata as a delivery timeout when
+    /// `message.timeout.ms` ends before `topic.metadata.propagation.max.ms`
+    /// does, which would otherwise be waited out forever.
+    async fn topic_refused(&self) -> Option<String> {
+        let (kafka, topic) = (self.kafka.clone(), self.topic.clone());
+        let answer = tokio::task::spawn_blocking(move || {
+            let marks = Watermarks::new(&kafka)?;
+            let exists = marks.exists(&topic).map(|e| (e, topic));
+            crate::kafka::drop_in_background(marks);
+            exists
+        })
+        .await
+        .ok()?;
+        match answer {
+            Ok((false, topic)) => Some(KafkaError::UnknownTopic(topic).to_string()),
+            Err(e @ KafkaError::NotAuthorized { .. }) => Some(e.to_string()),
+            _ => None,
+        }
     }
 
     /// One claim, publish and commit (see [`claim`]).

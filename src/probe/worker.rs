@@ -10,11 +10,19 @@
 //! Order of writes for each answer: the ledger (synced), then the input
 //! topic (acknowledged), then the ledger's offset. A kill between any two
 //! re-reads the command and re-publishes the stored answer unchanged.
+//!
+//! The ledger is the worker's own: another worker that takes a partition
+//! over starts from the group's committed offset. So when partitions are
+//! revoked, the worker first settles what it can (waits, within
+//! [`REVOKE_PATIENCE`], for the queries in flight, stores and publishes
+//! their answers) and commits its finished offsets before it lets go:
+//! the new owner does not ask the destination again about commands
+//! already answered.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
@@ -24,7 +32,7 @@ use crate::codec::Codec;
 use crate::config::{Config, ConfigError};
 use crate::core::redact::Redactor;
 use crate::core::{RepairAction, RepairCommand};
-use crate::kafka::consumer::{Assigned, GroupConsumer, OutOfRange};
+use crate::kafka::consumer::{Assigned, GroupConsumer, OutOfRange, RevokeHook};
 use crate::kafka::producer::Publisher;
 use crate::kafka::KafkaError;
 use crate::metrics::{ProbeMetrics, ProbeResult};
@@ -79,6 +87,12 @@ struct Destination {
 /// How often answers older than `probe.answer_retention_ms` are forgotten.
 const PURGE_EVERY: Duration = Duration::from_secs(600);
 
+/// How long the worker waits, when partitions are revoked, for the queries
+/// in flight before it lets the partitions go: the group's rebalance waits
+/// meanwhile. A query that takes longer is finished and published all the
+/// same, but its command may be asked again by the new owner.
+pub const REVOKE_PATIENCE: Duration = Duration::from_secs(10);
+
 /// The retry budget of a probe request.
 #[derive(Debug, Clone, Copy)]
 struct Budget {
@@ -112,6 +126,37 @@ impl PartitionProgress {
     fn frontier(&self) -> i64 {
         self.open.first().copied().unwrap_or(self.next)
     }
+}
+
+/// An answer ready to publish: where its command was read, the command's
+/// id and the answer's record.
+type Answered = (i32, i64, String, OutboxRecord);
+
+/// What the loop keeps between rounds, shared with the revoke hook.
+struct Flow {
+    progress: BTreeMap<i32, PartitionProgress>,
+    /// Commands being queried, with the other places the same command was
+    /// read meanwhile (a partition revoked and assigned back is read again
+    /// from the ledger's offset; the pipeline re-sends a command after its
+    /// own crash): those wait for the one answer.
+    querying: HashMap<String, Vec<(i32, i64)>>,
+    /// Queries started and not yet received back from `answers`.
+    in_flight: usize,
+    answers: Receiver<Done>,
+}
+
+/// Turns finished queries into answers, stores them, publishes them and
+/// moves the offsets: what the loop does each round and the revoke hook
+/// does once more before partitions are released.
+struct Settler {
+    codec: Codec,
+    events: String,
+    commands: String,
+    redactor: Redactor,
+    keys: ControlKeys,
+    ledger: Arc<Ledger>,
+    metrics: Arc<ProbeMetrics>,
+    publisher: Publisher,
 }
 
 /// The probe worker.
@@ -221,78 +266,77 @@ impl ProbeWorker {
         };
         let max_in_flight = cfg.probe.max_in_flight;
         let (tx, rx) = channel::<Done>();
-        let mut progress: BTreeMap<i32, PartitionProgress> = BTreeMap::new();
-        // Commands being queried, with the other places the same command
-        // was read meanwhile (a partition revoked and assigned back is read
-        // again from the ledger's offset; the pipeline re-sends a command
-        // after its own crash): those wait for the one answer.
-        let mut querying: HashMap<String, Vec<(i32, i64)>> = HashMap::new();
-        let mut in_flight = 0usize;
+        let settler = Arc::new(Settler {
+            codec: Codec::new(),
+            events: cfg.topics.events.clone(),
+            commands: cfg.topics.commands.clone(),
+            redactor: self.redactor.clone(),
+            keys: self.keys.clone(),
+            ledger: self.ledger.clone(),
+            metrics: self.metrics.clone(),
+            publisher,
+        });
+        let flow = Arc::new(Mutex::new(Flow {
+            progress: BTreeMap::new(),
+            querying: HashMap::new(),
+            in_flight: 0,
+            answers: rx,
+        }));
+        consumer.on_revoke(revoke_hook(settler.clone(), flow.clone()));
         info!(group = %cfg.probe.group_id, topic = %cfg.topics.commands, destinations = self.destinations.len(), "Probe worker started");
         let mut last_circuits = Instant::now();
         let mut last_purge: Option<Instant> = None;
         while !shutdown.load(Ordering::Relaxed) {
+            // Not locked while polling: a revocation runs the hook, which
+            // takes the flow, inside the poll.
+            let in_flight = flow.lock().expect("not poisoned").in_flight;
             let room = max_in_flight.saturating_sub(in_flight);
-            let mut finished = Vec::new();
-            if room > 0 {
+            let mut stored = Vec::new();
+            let polled = if room > 0 {
                 let wait = if in_flight > 0 { Duration::ZERO } else { Duration::from_millis(100) };
-                let (records, revoked) = consumer.poll_batch(room, wait)?;
+                Some(consumer.poll_batch(room, wait)?)
+            } else {
+                None
+            };
+            let mut f = flow.lock().expect("not poisoned");
+            let f = &mut *f;
+            if let Some((records, revoked)) = polled {
                 if revoked {
                     let owned = consumer.assignment.lock().expect("not poisoned").owned.clone();
-                    progress.retain(|p, _| owned.contains_key(p));
+                    f.progress.retain(|p, _| owned.contains_key(p));
                 }
                 for r in records {
-                    let p = progress.entry(r.partition).or_default();
+                    let p = f.progress.entry(r.partition).or_default();
                     p.open.insert(r.offset);
                     p.next = p.next.max(r.offset + 1);
                     match self.start(&r)? {
                         Started::Skipped => {
                             p.open.remove(&r.offset);
                         }
-                        Started::Stored(cmd, record) => finished.push((r.partition, r.offset, cmd, record)),
-                        Started::Query(cmd) => match querying.get_mut(&cmd.command_id) {
+                        Started::Stored(cmd, record) => stored.push((r.partition, r.offset, cmd, record)),
+                        Started::Query(cmd) => match f.querying.get_mut(&cmd.command_id) {
                             Some(waiting) => waiting.push((r.partition, r.offset)),
                             None => {
-                                querying.insert(cmd.command_id.clone(), Vec::new());
+                                f.querying.insert(cmd.command_id.clone(), Vec::new());
                                 self.spawn(r.partition, r.offset, cmd, budget, &tx);
-                                in_flight += 1;
+                                f.in_flight += 1;
                             }
                         },
                     }
                 }
             }
             let mut done: Vec<Done> = Vec::new();
-            if in_flight > 0 && finished.is_empty() {
-                match rx.recv_timeout(Duration::from_millis(if room > 0 { 5 } else { 50 })) {
+            if f.in_flight > 0 && stored.is_empty() {
+                match f.answers.recv_timeout(Duration::from_millis(if room > 0 { 5 } else { 50 })) {
                     Ok(d) => done.push(d),
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => unreachable!("the loop holds a sender"),
                 }
             }
-            done.extend(rx.try_iter());
-            in_flight -= done.len();
-            let from = finished.len();
-            self.finish(done, &mut finished)?;
-            // The same answer for the places that waited for it.
-            let mut waited = Vec::new();
-            for (_, _, id, record) in &finished[from..] {
-                for (p, o) in querying.remove(id).unwrap_or_default() {
-                    waited.push((p, o, id.clone(), record.clone()));
-                }
-            }
-            finished.extend(waited);
-            if !finished.is_empty() {
-                faults::point("probe::after_ledger");
-                let records: Vec<&OutboxRecord> = finished.iter().map(|(_, _, _, r)| r).collect();
-                publisher.publish_all(records.into_iter().map(|r| (r, None)))?;
-                faults::point("probe::after_publish");
-                for (partition, offset, _, _) in finished {
-                    if let Some(p) = progress.get_mut(&partition) {
-                        p.open.remove(&offset);
-                    }
-                }
-            }
-            self.advance(&consumer, &mut progress)?;
+            done.extend(f.answers.try_iter());
+            let moved = settler.settle(f, done, stored)?;
+            // For lag, and for another worker taking a partition over.
+            consumer.commit_for_visibility(&moved);
             if last_circuits.elapsed() >= Duration::from_secs(1) {
                 for (name, d) in self.destinations.iter() {
                     self.metrics.circuit(name, d.guard.circuit_open());
@@ -307,6 +351,7 @@ impl ProbeWorker {
                 last_purge = Some(Instant::now());
             }
         }
+        let in_flight = flow.lock().expect("not poisoned").in_flight;
         info!(in_flight, "Probe worker stopping; unfinished requests are answered after the next start");
         Ok(())
     }
@@ -368,20 +413,55 @@ impl ProbeWorker {
             let _ = tx.send(Done { partition, offset, cmd, outcome, at: now_ms() });
         });
     }
+}
+
+impl Settler {
+    /// Settles one round: the queries in `done` become answers, stored in
+    /// the ledger (synced) before anything is published; with the answers
+    /// found `stored` in the ledger and the places that waited for them,
+    /// they are published, their offsets finished, and each partition's
+    /// offset written to the ledger past its contiguous finished commands.
+    /// Returns the partitions whose offset moved, with it.
+    fn settle(&self, f: &mut Flow, done: Vec<Done>, stored: Vec<Answered>) -> Result<BTreeMap<i32, i64>, WorkerError> {
+        f.in_flight -= done.len();
+        let mut finished = stored;
+        let from = finished.len();
+        self.finish(done, &mut finished)?;
+        // The same answer for the places that waited for it.
+        let mut waited = Vec::new();
+        for (_, _, id, record) in &finished[from..] {
+            for (p, o) in f.querying.remove(id).unwrap_or_default() {
+                waited.push((p, o, id.clone(), record.clone()));
+            }
+        }
+        finished.extend(waited);
+        if !finished.is_empty() {
+            faults::point("probe::after_ledger");
+            let records: Vec<&OutboxRecord> = finished.iter().map(|(_, _, _, r)| r).collect();
+            self.publisher.publish_all(records.into_iter().map(|r| (r, None)))?;
+            faults::point("probe::after_publish");
+            for (partition, offset, _, _) in finished {
+                if let Some(p) = f.progress.get_mut(&partition) {
+                    p.open.remove(&offset);
+                }
+            }
+        }
+        self.advance(&mut f.progress)
+    }
 
     /// Turns finished requests into answer records, stored in the ledger
     /// (synced) before anything is published.
-    fn finish(&self, done: Vec<Done>, finished: &mut Vec<(i32, i64, String, OutboxRecord)>) -> Result<(), WorkerError> {
+    fn finish(&self, done: Vec<Done>, finished: &mut Vec<Answered>) -> Result<(), WorkerError> {
         if done.is_empty() {
             return Ok(());
         }
-        // Each command is queried once at a time (the loop's `querying`
+        // Each command is queried once at a time (the flow's `querying`
         // map holds the other reads of it), and one with an answer stored
         // is never queried: none of these has an answer yet.
-        let mut fresh: Vec<(i32, i64, String, OutboxRecord)> = Vec::with_capacity(done.len());
+        let mut fresh: Vec<Answered> = Vec::with_capacity(done.len());
         for d in done {
             let ev = answer_event(&d.cmd, &d.outcome, d.at, &self.redactor);
-            let record = crate::records::event_record(&self.codec, &self.cfg.topics.events, &ev)?;
+            let record = crate::records::event_record(&self.codec, &self.events, &ev)?;
             let record = crate::records::signed(record, &self.keys);
             let result = match &d.outcome {
                 Ok((_, a)) if matches!(a.finding, Finding::Absent) => ProbeResult::Absent,
@@ -406,27 +486,53 @@ impl ProbeWorker {
         Ok(())
     }
 
-    /// Moves each partition's offset past its contiguous finished commands
-    /// (ledger first, then the group's offset for lag and other instances).
-    fn advance(
-        &self,
-        consumer: &GroupConsumer,
-        progress: &mut BTreeMap<i32, PartitionProgress>,
-    ) -> Result<(), WorkerError> {
-        let mut commit = BTreeMap::new();
+    /// Moves each partition's offset in the ledger past its contiguous
+    /// finished commands; returns the partitions whose offset moved.
+    fn advance(&self, progress: &mut BTreeMap<i32, PartitionProgress>) -> Result<BTreeMap<i32, i64>, WorkerError> {
+        let mut moved = BTreeMap::new();
         for (partition, p) in progress.iter_mut() {
             let frontier = p.frontier();
             if p.written != Some(frontier) {
-                self.ledger.advance(&self.cfg.topics.commands, *partition, frontier)?;
+                self.ledger.advance(&self.commands, *partition, frontier)?;
                 p.written = Some(frontier);
-                commit.insert(*partition, frontier);
+                moved.insert(*partition, frontier);
             }
         }
-        if !commit.is_empty() {
-            consumer.commit_for_visibility(&commit);
-        }
-        Ok(())
+        Ok(moved)
     }
+}
+
+/// What runs when partitions are revoked, before they are released: waits
+/// up to [`REVOKE_PATIENCE`] for the queries in flight, settles them, and
+/// returns every partition's finished offset for the consumer to commit
+/// (synchronously) before it lets go. Without it the new owner would
+/// start from the last commit and ask again about the commands answered
+/// since.
+fn revoke_hook(settler: Arc<Settler>, flow: Arc<Mutex<Flow>>) -> RevokeHook {
+    Box::new(move || {
+        let mut f = flow.lock().unwrap_or_else(|e| e.into_inner());
+        let until = Instant::now() + REVOKE_PATIENCE;
+        let mut done = Vec::new();
+        while done.len() < f.in_flight {
+            match f.answers.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(d) => done.push(d),
+                Err(_) => break,
+            }
+        }
+        let unfinished = f.in_flight - done.len();
+        if unfinished > 0 {
+            warn!(
+                unfinished,
+                "Partitions revoked with probe requests still in flight; the new owner may ask about them again"
+            );
+        }
+        if let Err(e) = settler.settle(&mut f, done, Vec::new()) {
+            warn!(error = %e, "Settling answers before releasing partitions failed; the new owner may ask about them again");
+            return None;
+        }
+        let finished: BTreeMap<i32, i64> = f.progress.iter().map(|(p, pp)| (*p, pp.frontier())).collect();
+        Some(finished).filter(|m| !m.is_empty())
+    })
 }
 
 /// What became of a command record.

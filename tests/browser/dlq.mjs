@@ -17,6 +17,9 @@ if (!shots) {
 mkdirSync(shots, { recursive: true });
 await drive(shots, async (page, result) => {
   await page.goto(url);
+  // The instance has a token: reads need it, entered at the top.
+  await page.fill("#token", token);
+  await page.click("#token-use");
   // The tab is reached from the review queue, as a person would.
   await page.click("#tab-dlq");
   await page.locator("#dlq-body tr").first().waitFor({ timeout: 20000 });

@@ -1,5 +1,6 @@
 // Drives the exception panel in Debian's headless Chromium, as a person
-// would: finds a review case in the queue, opens it, checks its timeline,
+// would: enters the API token (reads need it), finds a review case in the
+// queue, opens it, checks its timeline,
 // resolves it with actor, note and token, and waits until the page shows
 // the decision applied. Run by tests/http.rs; prints one JSON line.
 //
@@ -16,6 +17,13 @@ if (!shots) {
 mkdirSync(shots, { recursive: true });
 await drive(shots, async (page, result) => {
   await page.goto(url);
+  // The instance has a token: the queue stays empty, saying why, until
+  // the token is entered at the top.
+  const refused = page.locator("#queue-error", { hasText: "401" });
+  await refused.waitFor({ timeout: 20000 });
+  result.before_token = await refused.innerText();
+  await page.fill("#token", token);
+  await page.click("#token-use");
   const row = page.locator(`#queue-body tr[data-operation-id="${operationId}"]`);
   await row.waitFor({ timeout: 20000 });
   result.queue_rows = await page.locator("#queue-body tr").count();
@@ -37,9 +45,9 @@ await drive(shots, async (page, result) => {
   // A wrong token first: the page must say so, and publish nothing.
   await page.fill("#r-token", "not-the-token");
   await page.click("#r-submit");
-  const refused = page.locator("#resolve-result .error");
-  await refused.waitFor({ timeout: 10000 });
-  result.wrong_token = await refused.innerText();
+  const wrong = page.locator("#resolve-result .error");
+  await wrong.waitFor({ timeout: 10000 });
+  result.wrong_token = await wrong.innerText();
   await page.fill("#r-token", token);
   await page.screenshot({ path: join(shots, "2-operation.png"), fullPage: true });
   await page.click("#r-submit");

@@ -67,8 +67,10 @@ impl Instance {
         }
     }
 
+    /// `GET path` with the token (reads need it when one is configured).
     fn get(&self, path: &str) -> (u16, Value) {
-        let (code, text) = request(self.addr, "GET", path, &[], "");
+        let auth = format!("Bearer {TOKEN}");
+        let (code, text) = request(self.addr, "GET", path, &[("Authorization", &auth)], "");
         (code, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}")))
     }
 
@@ -239,7 +241,10 @@ fn any_instance_answers_for_the_fleet_and_resolves_through_the_owner_also_in_chr
     // resolved above, and B's case explained by B.
     let config = common::child::write_config(&cfg, &common::temp_dir("fleet-cli"));
     let cli = |args: &[&str]| {
+        // The members' reads need the fleet's token: the CLI's own config
+        // gives it, from the environment.
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_reconciler"))
+            .env("RECONCILER_HTTP__TOKEN", TOKEN)
             .arg("--config")
             .arg(&config)
             .args(args)

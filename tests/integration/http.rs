@@ -36,6 +36,8 @@ fn now() -> i64 {
 
 /// A pipeline with its HTTP server, the server started before the loop.
 struct Served {
+    /// What reads send: the configured token's `Authorization`.
+    auth: Option<String>,
     server: Option<Server>,
     shutdown: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
@@ -55,15 +57,17 @@ impl Served {
         let shutdown = Arc::new(AtomicBool::new(false));
         let flag = shutdown.clone();
         let handle = std::thread::spawn(move || p.run(&flag).expect("pipeline runs"));
-        Served { server: Some(server), shutdown, handle: Some(handle) }
+        Served { auth: cfg.http.read_authorization(), server: Some(server), shutdown, handle: Some(handle) }
     }
 
     fn addr(&self) -> SocketAddr {
         self.server.as_ref().unwrap().addr()
     }
 
+    /// `GET path` with the configured token (reads need it).
     fn get(&self, path: &str) -> (u16, String) {
-        request(self.addr(), "GET", path, &[], "")
+        let auth: Vec<(&str, &str)> = self.auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        request(self.addr(), "GET", path, &auth, "")
     }
 
     fn metrics(&self) -> Samples {
@@ -446,6 +450,91 @@ fn endpoints_that_change_state_require_the_bearer_token() {
     }
 }
 
+/// With a token configured, the endpoints that read want it too (or the
+/// read token, which grants reads only); the probes' and the scraper's
+/// endpoints and the panel's static files stay open. Without any token,
+/// reads are open.
+#[test]
+fn reads_require_a_token_when_one_is_configured() {
+    const READ_TOKEN: &str = "read-token-77c1";
+    let _serial = common::serial();
+    let mut cfg = quiet_config("http-read-auth");
+    cfg.http.read_token = Some(READ_TOKEN.into());
+    let served = Served::start(&cfg);
+    assert!(wait_for(Duration::from_secs(30), || served.get("/readyz").0 == 200), "never ready");
+    let reads = ["/api/review", "/api/review?scope=fleet", "/api/operations/op-1", "/api/dlq", "/api/fleet"];
+    let (token, read_token) = (format!("Bearer {TOKEN}"), format!("Bearer {READ_TOKEN}"));
+    for path in reads {
+        let (code, text) = request(served.addr(), "GET", path, &[], "");
+        assert_eq!(code, 401, "{path} without a token: {text}");
+        assert!(text.contains("missing bearer token"), "{text}");
+        let (code, text) = request(served.addr(), "GET", path, &[("Authorization", "Bearer wrong")], "");
+        assert_eq!(code, 401, "{path} with a wrong token: {text}");
+        for auth in [&token, &read_token] {
+            let (code, text) = request(served.addr(), "GET", path, &[("Authorization", auth)], "");
+            assert!(code != 401 && code != 403, "{path} with {auth}: {code} {text}");
+        }
+    }
+    // The answers themselves, with either token.
+    for auth in [&token, &read_token] {
+        for path in ["/api/review", "/api/dlq", "/api/fleet"] {
+            assert_eq!(request(served.addr(), "GET", path, &[("Authorization", auth)], "").0, 200, "{path}");
+        }
+    }
+    // The read token changes nothing.
+    let body = r#"{"decision":"CLOSE","actor":"a","note":"n"}"#;
+    let (code, text) =
+        request(served.addr(), "POST", "/api/operations/op-1/resolve", &[("Authorization", &read_token)], body);
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("reads only"), "{text}");
+    // Probes, the scraper and the panel's files need nothing.
+    for path in ["/healthz", "/readyz", "/metrics", "/", "/panel.js", "/panel.css"] {
+        assert_eq!(request(served.addr(), "GET", path, &[], "").0, 200, "{path}");
+    }
+    served.stop();
+
+    let mut cfg = quiet_config("http-read-open");
+    cfg.http.token = None;
+    let served = Served::start(&cfg);
+    for path in ["/api/review", "/api/dlq", "/api/fleet"] {
+        assert_eq!(request(served.addr(), "GET", path, &[], "").0, 200, "{path} with no token configured");
+    }
+    served.stop();
+}
+
+/// `/api/dlq` reads the outbox's database (the services' own) through a
+/// bounded pool: a burst of concurrent reads leaves at most
+/// `outbox::POOL_SIZE` connections open, kept for the next reads, instead
+/// of opening one per request.
+#[test]
+fn the_dead_letter_monitor_reads_the_outbox_through_a_bounded_pool() {
+    let _serial = common::serial();
+    let pg = common::postgres::PgCluster::start();
+    pg.execute(reconciler::outbox::SCHEMA);
+    let mut cfg = quiet_config("http-dlq-pool");
+    cfg.relay.connection_env = format!("DLQ_POOL_TEST_DB_{}", std::process::id());
+    std::env::set_var(&cfg.relay.connection_env, pg.connection());
+    let served = Served::start(&cfg);
+    let others =
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()";
+    assert_eq!(pg.number(others), 0);
+    std::thread::scope(|s| {
+        let reads: Vec<_> = (0..8).map(|_| s.spawn(|| served.get("/api/dlq"))).collect();
+        for r in reads {
+            let (code, text) = r.join().unwrap();
+            assert_eq!(code, 200, "{text}");
+            assert_eq!(json(&text)["outbox"]["available"], true, "{text}");
+        }
+    });
+    let open = pg.number(others);
+    assert!(
+        (1..=reconciler::outbox::POOL_SIZE as i64).contains(&open),
+        "{open} connections after 8 concurrent reads (pool of {})",
+        reconciler::outbox::POOL_SIZE
+    );
+    served.stop();
+}
+
 /// Publishes the quiet demo workload and waits until all of it is applied.
 fn served_workload(name: &str) -> (Config, Served, Expected, Vec<InputRecord>) {
     served_workload_of(quiet_config(name))
@@ -642,6 +731,7 @@ fn the_exception_panel_resolves_a_review_case_in_headless_chromium() {
     assert!(result["row_text"].as_str().unwrap().contains("MISSING"), "{result}");
     assert!(result["timeline_rows"].as_u64().unwrap() >= 2, "{result}");
     assert!(result["wrong_token"].as_str().unwrap().contains("401"), "{result}");
+    assert!(result["before_token"].as_str().unwrap().contains("Enter the API token"), "{result}");
     // Nothing is decided for the person: the form starts without a decision.
     assert_eq!(result["preselected_decision"], "", "{result}");
     assert!(result["applied"].as_str().unwrap().contains("CLOSED"), "{result}");
@@ -747,7 +837,10 @@ fn the_dead_letter_tab_redrives_from_the_dlq_and_the_outbox_in_headless_chromium
         result["dlq_positions_after"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
     assert!(!after.contains(&result["position"].as_str().unwrap()), "{result}");
     assert_eq!(result["outbox_rows_after"], 0, "{result}");
-    assert!(result["console_errors"].as_array().unwrap().is_empty(), "{result}");
+    // The loads before the token was entered are refused; nothing else
+    // may go wrong.
+    let errors = result["console_errors"].as_array().unwrap();
+    assert!(errors.iter().all(|e| e.as_str().unwrap().contains("401 (Unauthorized)")), "{result}");
     for shot in ["1-dead-letters.png", "2-redriven.png"] {
         assert!(shots.join(shot).metadata().is_ok_and(|m| m.len() > 10_000), "screenshot {shot}");
     }

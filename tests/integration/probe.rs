@@ -22,11 +22,11 @@ use reconciler::core::event::{Body, Event, Requested};
 use reconciler::core::{Action, Escalation, Outcome, RepairAction, RepairCommand, Verdict};
 use reconciler::kafka::producer::Publisher;
 use reconciler::kafka::reader::TopicReader;
-use reconciler::loadgen::destination::{DestinationServer, Held};
+use reconciler::loadgen::destination::{probe_commands, DestinationServer, Held};
 use reconciler::operator::commands::explain_cmd;
 use reconciler::probe::answer::{answer_id, PRODUCER};
 use reconciler::probe::ProbeWorker;
-use reconciler::records::{InputRecord, OutboxRecord};
+use reconciler::records::InputRecord;
 
 /// The confirmation window of the test's operations, and the follow-up
 /// window after a PROBE: an answer must come within the latter, or the
@@ -265,29 +265,7 @@ fn a_killed_probe_worker_loses_no_probe_and_contradicts_no_answer() {
 
     let codec = Codec::new();
     reconciler::kafka::admin::ensure_topics(&cfg.kafka, &cfg.topics.all(), cfg.topics.partitions, 1).unwrap();
-    let commands: Vec<OutboxRecord> = (0..COMMANDS)
-        .map(|i| {
-            let c = RepairCommand {
-                command_id: format!("cmd-{i}"),
-                verdict_id: format!("v-{i}"),
-                operation_id: format!("op-{i}"),
-                entity_id: format!("ent-{i}"),
-                operation_type: "sync_customer".into(),
-                action: RepairAction::Probe,
-                idempotency_key: Some(format!("key-{i}")),
-                destination: "crm".into(),
-                expected_version: Some(7),
-                expected_fingerprint: None,
-                issued_at: 0,
-            };
-            OutboxRecord {
-                topic: cfg.topics.commands.clone(),
-                key: Some(c.entity_id.clone().into_bytes()),
-                value: Some(codec.encode_command(&c).unwrap()),
-                headers: Vec::new(),
-            }
-        })
-        .collect();
+    let commands = probe_commands(&cfg.topics.commands, "crm", "", COMMANDS);
     // Each command twice, as the pipeline re-publishes its outputs after
     // its own crash: the copy must get the same answer, not a new query.
     Publisher::new(&cfg.kafka, 1 << 20)
@@ -354,4 +332,78 @@ fn a_killed_probe_worker_loses_no_probe_and_contradicts_no_answer() {
         server.total_queries()
     );
     assert!(republished > 0, "the crash after a publish must make the worker re-publish some answers");
+}
+
+/// Two workers of one group, each with its own ledger (two machines): the
+/// first is answering a backlog of commands, queries in flight, when the
+/// second joins and the group moves partitions. The first settles what it
+/// has in flight and commits its finished offsets before it lets them go,
+/// so the destination is asked about each command exactly once.
+#[test]
+fn a_partition_moving_to_another_probe_worker_asks_the_destination_once_per_command() {
+    let _serial = common::serial();
+    const COMMANDS: usize = 60;
+    let held: HashMap<String, Held> = (0..COMMANDS)
+        .map(|i| (format!("key-{i}"), Held::Present { remote_id: format!("r-{i}"), version: 7 }))
+        .collect();
+    // Two queries at a time, 250 ms each: the backlog takes the first
+    // worker about 7.5 s, so the partitions move with queries in flight.
+    let server = DestinationServer::start_slow(held, Duration::from_millis(250)).unwrap();
+    let mut cfg = config("probe-move");
+    cfg.probe.group_id = common::unique("probe-move-group");
+    cfg.probe.bind = "off".into();
+    cfg.http.bind = "off".into();
+    // The first worker hears of the second's join within half a second.
+    cfg.kafka.insert("heartbeat.interval.ms".into(), "500".into());
+    let mut crm = http_destination(&server);
+    crm.concurrency = 2;
+    cfg.destinations.insert("crm".into(), crm);
+    let codec = Codec::new();
+    reconciler::kafka::admin::ensure_topics(&cfg.kafka, &cfg.topics.all(), cfg.topics.partitions, 1).unwrap();
+    let commands = probe_commands(&cfg.topics.commands, "crm", "", COMMANDS);
+    Publisher::new(&cfg.kafka, 1 << 20).unwrap().publish_all(commands.iter().map(|r| (r, None))).unwrap();
+
+    let first_cfg = Config {
+        probe: {
+            let mut p = cfg.probe.clone();
+            p.state_dir = common::temp_dir("probe-move-a");
+            p
+        },
+        ..cfg.clone()
+    };
+    let second_cfg = Config {
+        probe: {
+            let mut p = cfg.probe.clone();
+            p.state_dir = common::temp_dir("probe-move-b");
+            p
+        },
+        ..cfg.clone()
+    };
+    let (stop_first, first) = run_worker(&first_cfg);
+    assert!(
+        common::wait_for(Duration::from_secs(60), || server.total_queries() >= 6),
+        "the first worker never started answering"
+    );
+    let (stop_second, second) = run_worker(&second_cfg);
+    let mut reader = TopicReader::new(&cfg.kafka, &[&cfg.topics.events], cfg.topics.partitions).unwrap();
+    let mut answered = std::collections::BTreeSet::new();
+    assert!(
+        common::wait_for(Duration::from_secs(90), || {
+            reader.read_until(Duration::from_millis(200), |_| false);
+            for r in reader.of(&cfg.topics.events) {
+                answered.insert(codec.decode_event(r.value.as_deref().unwrap()).unwrap().operation_id);
+            }
+            answered.len() == COMMANDS
+        }),
+        "{} of {COMMANDS} commands answered",
+        answered.len()
+    );
+    for stop in [&stop_first, &stop_second] {
+        stop.store(true, Ordering::Relaxed);
+    }
+    first.join().unwrap();
+    second.join().unwrap();
+    let twice: Vec<String> = (0..COMMANDS).map(|i| format!("key-{i}")).filter(|k| server.queries(k) > 1).collect();
+    assert!(twice.is_empty(), "asked more than once after the partitions moved: {twice:?}");
+    assert_eq!(server.total_queries(), COMMANDS as u64);
 }

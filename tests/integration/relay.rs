@@ -77,7 +77,7 @@ impl Outbox {
 
     /// The single number `sql` selects.
     fn number(&self, sql: &str) -> i64 {
-        self.rt.block_on(async { self.client().await.query_one(sql, &[]).await.unwrap().get(0) })
+        self.pg.number(sql)
     }
 
     /// Rows with `status`.
@@ -380,4 +380,65 @@ fn a_relay_refuses_an_id_sequence_with_a_cache() {
     let mut relay = reconciler::outbox::relay::Relay::new(&o.cfg, &registry).unwrap();
     let e = relay.run(&AtomicBool::new(false)).unwrap_err().to_string();
     assert!(e.contains("CACHE 20") && e.contains("commit order"), "{e}");
+}
+
+/// The relay gives up like the pipeline: with its topic gone (and topic
+/// auto-creation off), the broker refuses every row for a reason that is
+/// not the row's. Readiness turns red at the first refusal, the relay
+/// exits non-zero once that has lasted `give_up_after_ms`, and every row
+/// is still pending (none charged, none lost) for a relay started after
+/// the fix.
+#[test]
+fn a_relay_whose_topic_is_gone_turns_unready_and_exits_non_zero_after_the_bound_with_every_row_pending() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+
+    let _serial = common::serial();
+    let mut o = Outbox::new("relay-refused", None);
+    o.cfg.kafka.insert("allow.auto.create.topics".into(), "false".into());
+    o.cfg.relay.give_up_after_ms = 4_000;
+    o.cfg.relay.delivery_timeout_ms = 2_000;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", crate::common::postgres::free_port()).parse().unwrap();
+    o.cfg.relay.bind = addr.to_string();
+    let dir = common::temp_dir("relay-refused");
+    let config = write_full_config(&o.cfg, &dir);
+    let conn = o.pg.connection();
+    let mut relay = spawn_relay(&config, (&o.var, &conn), None, &dir.join("relay.log"));
+    let readyz = || crate::common::http::try_request(addr, "GET", "/readyz", &[], "").ok();
+    assert!(
+        wait_for(Duration::from_secs(30), || readyz().is_some_and(|(code, _)| code == 200)),
+        "the relay never answered ready; log:\n{}",
+        relay.log_tail()
+    );
+
+    // The topic goes away under the running relay.
+    let admin: AdminClient<DefaultClientContext> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", common::brokers()).create().unwrap();
+    o.rt.block_on(admin.delete_topics(&[o.cfg.topics.events.as_str()], &AdminOptions::new())).unwrap();
+    let marks = reconciler::kafka::watermarks::Watermarks::new(&o.cfg.kafka).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(30), || marks.exists(&o.cfg.topics.events).is_ok_and(|e| !e)),
+        "the topic was not deleted"
+    );
+    o.write(5, 2, 1);
+    let written = std::time::Instant::now();
+
+    let mut refused = None;
+    let status = loop {
+        if let Some(status) = relay.exited() {
+            break status;
+        }
+        assert!(written.elapsed() < Duration::from_secs(120), "the relay kept retrying; log:\n{}", relay.log_tail());
+        if let Some((503, body)) = readyz() {
+            refused = Some(body);
+        }
+        std::thread::sleep(Duration::from_millis(100)); // polling interval
+    };
+    let refused = refused.unwrap_or_else(|| panic!("readiness never turned red; log:\n{}", relay.log_tail()));
+    assert!(refused.contains("publish_refused") && refused.to_lowercase().contains("topic"), "{refused}");
+    assert!(!status.success(), "the relay gave up with a zero exit: {status:?}");
+    assert!(written.elapsed() >= Duration::from_secs(4), "it stopped before give_up_after_ms");
+    assert!(relay.log_tail().contains("PublishRefused"), "{}", relay.log_tail());
+    assert_eq!(o.number("SELECT count(*) FROM reconciler_outbox WHERE status = 'pending' AND attempts = 0"), 10);
+    assert_eq!(o.number("SELECT count(*) FROM reconciler_outbox"), 10, "rows lost or added");
 }

@@ -7,6 +7,8 @@
 // When the instance is in a fleet (/api/fleet answers), every request asks
 // for scope=fleet: the queue of every member, each operation from (and each
 // decision to) the member that owns it.
+// When the instance has a token configured, reads need it too: the token
+// entered at the top (or in a form below) is sent with every request.
 // Everything the server sends is inserted as text, never as HTML.
 "use strict";
 
@@ -51,10 +53,29 @@ function badge(text, cls) {
   return el("span", { class: `badge ${cls || ""}` }, text === null || text === undefined ? "–" : text);
 }
 
+/** The tab's API token (http.token or http.read_token), or "". */
+function apiToken() {
+  return sessionStorage.getItem("reconciler.token") || "";
+}
+
+/** Keeps `token` for this tab, in every field that shows it. */
+function keepToken(token) {
+  sessionStorage.setItem("reconciler.token", token);
+  for (const id of ["token", "r-token", "rd-token"]) $(id).value = token;
+}
+
+/** What to add to an error of a read: how to get past a 401. */
+function authHint(e) {
+  return e.status === 401 ? " Enter the API token (http.token or http.read_token) at the top and press Use." : "";
+}
+
 async function getJson(url, options) {
   let resp;
+  const opts = { ...(options || {}) };
+  opts.headers = { ...(opts.headers || {}) };
+  if (apiToken() && !opts.headers.Authorization) opts.headers.Authorization = `Bearer ${apiToken()}`;
   try {
-    resp = await fetch(url, options);
+    resp = await fetch(url, opts);
   } catch (e) {
     throw new Error(`cannot reach the reconciler (${e.message})`);
   }
@@ -137,7 +158,7 @@ async function loadQueue() {
       ? `Not every member answered: ${unreachable.map((m) => `${host(m.url)} (${m.error})`).join("; ")}. Their cases are missing below.`
       : null);
   } catch (e) {
-    showError("queue-error", `Could not load the review queue: ${e.message}`);
+    showError("queue-error", `Could not load the review queue: ${e.message}.${authHint(e)}`);
   }
   fillFilterOptions();
   renderQueue();
@@ -315,7 +336,7 @@ async function submitResolve(ev) {
   const id = form.dataset.operationId;
   const token = $("r-token").value.trim();
   const actor = $("r-actor").value.trim();
-  sessionStorage.setItem("reconciler.token", token);
+  keepToken(token);
   localStorage.setItem("reconciler.actor", actor);
   const result = $("resolve-result");
   const payload = {
@@ -392,7 +413,7 @@ async function loadDlq() {
   try {
     d = await getJson("/api/dlq?samples=200");
   } catch (e) {
-    if (mine === state.dlqRequest) showError("dlq-error", `Could not load the dead letters: ${e.message}`);
+    if (mine === state.dlqRequest) showError("dlq-error", `Could not load the dead letters: ${e.message}.${authHint(e)}`);
     return;
   }
   if (mine !== state.dlqRequest) return;
@@ -497,7 +518,7 @@ async function submitRedrive(dry) {
   const token = $("rd-token").value.trim();
   const actor = $("rd-actor").value.trim();
   const note = $("rd-note").value.trim();
-  sessionStorage.setItem("reconciler.token", token);
+  keepToken(token);
   localStorage.setItem("reconciler.actor", actor);
   const result = $("redrive-result");
   const { positions, ids } = selectedLetters();
@@ -541,9 +562,9 @@ async function refresh() {
 }
 
 document.addEventListener("DOMContentLoaded", async () => {
-  $("r-token").value = sessionStorage.getItem("reconciler.token") || "";
+  keepToken(apiToken());
   $("r-actor").value = localStorage.getItem("reconciler.actor") || "";
-  $("rd-token").value = $("r-token").value;
+  $("token-form").addEventListener("submit", (ev) => { ev.preventDefault(); keepToken($("token").value.trim()); refresh(); });
   $("rd-actor").value = $("r-actor").value;
   for (const b of document.querySelectorAll(".tabs button")) b.addEventListener("click", () => showTab(b.dataset.tab));
   $("dlq-body").addEventListener("change", countSelected);

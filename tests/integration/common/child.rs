@@ -314,6 +314,9 @@ pub fn relay_child_main() {
     let Some((_failpoints, cfg, shutdown)) = child_setup(RELAY_CHILD_CONFIG) else { return };
     let registry = ::prometheus::Registry::new();
     let mut relay = reconciler::outbox::relay::Relay::new(&cfg, &registry).expect("relay starts");
+    let _server = cfg.relay.bind_addr().expect("relay.bind parses").map(|addr| {
+        reconciler::http::Server::relay(addr, registry, relay.readiness()).expect("relay's HTTP server starts")
+    });
     relay.run(&shutdown).expect("relay runs");
 }
 

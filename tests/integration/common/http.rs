@@ -7,8 +7,20 @@ use std::time::Duration;
 
 /// One HTTP/1.1 request (Connection: close); returns status and body.
 pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    try_request(addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
+}
+
+/// [`request`] to a server that may not be there (not yet started, or
+/// exiting): the connection's error instead of a panic.
+pub fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
@@ -18,15 +30,19 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
     }
     req.push_str("\r\n");
     req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(req.as_bytes())?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
+    s.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
-    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (head, rest) = text.split_once("\r\n\r\n").ok_or_else(|| std::io::Error::other("no response head"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
     let body =
         if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { unchunk(rest) } else { rest.into() };
-    (code, body)
+    Ok((code, body))
 }
 
 fn unchunk(mut s: &str) -> String {

@@ -35,7 +35,7 @@ fn bin_dir() -> PathBuf {
     Path::new(&path).parent().unwrap().to_owned()
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
@@ -93,6 +93,22 @@ impl PgCluster {
             drop(client);
             let _ = task.await;
         });
+    }
+}
+
+impl PgCluster {
+    /// The single number `sql` selects.
+    #[allow(dead_code)] // by the tests; the benches that share this file do not ask
+    pub fn number(&self, sql: &str) -> i64 {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&self.connection(), tokio_postgres::NoTls).await.unwrap();
+            let task = tokio::spawn(conn);
+            let n = client.query_one(sql, &[]).await.unwrap().get(0);
+            drop(client);
+            let _ = task.await;
+            n
+        })
     }
 }
 
