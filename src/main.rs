@@ -209,9 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 if let (false, true, Some(addr)) = (exit, report.settled, panel) {
                     println!("{}", demo_still_running(report, addr, &dir));
                     // Ctrl-C (or SIGTERM) sets the flag; the demo then stops.
-                    while !shutdown.load(std::sync::atomic::Ordering::SeqCst) {
-                        std::thread::sleep(Duration::from_millis(200)); // the signal flag's polling interval
-                    }
+                    wait_for_shutdown(&shutdown);
                     println!("Stopping the demo.");
                 }
             };
@@ -297,6 +295,11 @@ fn hold_after_lost_position(
     drop(pipeline);
     metrics.set_stopped(lost.to_string());
     tracing::error!(error = %lost, "Stopped: nothing is processed until the instance is started again with a choice; /readyz is red; waiting for SIGTERM");
+    wait_for_shutdown(shutdown);
+}
+
+/// Returns once Ctrl-C or SIGTERM set `shutdown`.
+fn wait_for_shutdown(shutdown: &AtomicBool) {
     while !shutdown.load(std::sync::atomic::Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(200)); // the signal flag's polling interval
     }

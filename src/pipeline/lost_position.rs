@@ -161,11 +161,10 @@ impl Changelog {
             (Some(next), None) => {
                 info!(partition, next_offset = next, "Lost position: restored from the changelog");
                 // The group's offset is trusted only inside the log.
-                let committed = None;
-                Ok(Assigned { start: Some(next), committed })
+                Ok(Assigned { start: Some(next), committed: None })
             }
+            // (The store holds nothing of it: forgotten above, nothing restored.)
             (None, _) => {
-                self.store.forget_partition(partition)?;
                 lost.note = "; the changelog holds no state of it to restore".into();
                 Err(RestoreError::LostPosition(lost))
             }

@@ -288,11 +288,7 @@ fn a_standby_replica_takes_a_moved_partition_over_without_restoring_it() {
     reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, 1).unwrap();
     let records = demo::workload((system_clock())(), 8);
     let part = |i: usize, n: usize| &records[records.len() * i / n..records.len() * (i + 1) / n];
-    let caught_up = || {
-        let end = common::check::end_offsets(&cfg, &cfg.topics.events);
-        let c = common::check::committed(&cfg);
-        end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
-    };
+    let caught_up = || common::check::caught_up(&cfg);
     let (dir_a, dir_b) = (common::temp_dir("standby-a"), common::temp_dir("standby-b"));
     common::logs::capture();
     let log = common::logs::mark();

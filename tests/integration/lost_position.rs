@@ -16,7 +16,8 @@ use reconciler::kafka::admin;
 use reconciler::kafka::watermarks::Watermarks;
 use reconciler::pipeline::{previous_names, Pipeline, PipelineError};
 
-use crate::common::{self, check, run::Run};
+use crate::common::check::{self, caught_up};
+use crate::common::{self, run::Run};
 
 /// Runs a pipeline in a thread until `done` says so (then stops it) or it
 /// fails; its result, and the seconds it ran.
@@ -59,12 +60,6 @@ fn verdicts_since(cfg: &Config, from: &BTreeMap<i32, i64>) -> HashSet<String> {
         .filter(|r| r.offset >= from.get(&r.partition).copied().unwrap_or(0))
         .map(|r| codec.decode_verdict(r.value.as_deref().expect("a verdict")).expect("it decodes").verdict_id)
         .collect()
-}
-
-/// Whether the group's committed offsets reach the end of the input.
-fn caught_up(cfg: &Config) -> bool {
-    let c = check::committed(cfg);
-    check::end_offsets(cfg, &cfg.topics.events).iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
 }
 
 /// `reconciler run` (the binary) stopped by a lost position stays up: its

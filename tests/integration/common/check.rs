@@ -278,6 +278,13 @@ pub fn try_commit_as_group(cfg: &Config, partition: i32, offset: i64) -> rdkafka
     c.commit(&tpl, rdkafka::consumer::CommitMode::Sync)
 }
 
+/// Whether the group's committed offsets reach the current end of every
+/// non-empty input partition.
+pub fn caught_up(cfg: &Config) -> bool {
+    let c = committed(cfg);
+    end_offsets(cfg, &cfg.topics.events).iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e))
+}
+
 /// Reads whole topics up to their current ends, as a `read_committed`
 /// downstream service would.
 pub fn read_all(cfg: &Config, topics: &[&str]) -> Vec<Record> {

@@ -93,9 +93,7 @@ impl Run {
     pub fn wait_caught_up(&self, timeout: Duration) -> bool {
         let until = Instant::now() + timeout;
         while Instant::now() < until {
-            let end = check::end_offsets(&self.cfg, &self.cfg.topics.events);
-            let c = check::committed(&self.cfg);
-            if end.iter().all(|(p, e)| *e == 0 || c.get(p) == Some(e)) {
+            if check::caught_up(&self.cfg) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(200)); // polling interval
