@@ -181,6 +181,26 @@ pub struct RedriveAudit {
     pub to_topic: String,
     /// The partition it went to (`None`: chosen by key).
     pub to_partition: Option<i32>,
+    /// Whether the re-drive finished: written `sending` before the record
+    /// is published and `sent` once it is acknowledged, so that a re-drive
+    /// cut short in between is never offered again as new (records of
+    /// earlier versions carry no state: sent).
+    #[serde(default)]
+    pub state: RedriveState,
+}
+
+/// See [`RedriveAudit::state`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedriveState {
+    /// The record may or may not have reached the input: the re-drive
+    /// stopped before it was acknowledged. Re-driving it again by position
+    /// is allowed; a copy that did get through is a duplicate delivery
+    /// downstream (same event id, same `reconciler.redriven.from`).
+    Sending,
+    /// The record was acknowledged by the broker.
+    #[default]
+    Sent,
 }
 
 /// `topic/partition/offset` of a dead letter: the audit's key.
@@ -454,8 +474,12 @@ pub fn redrive(
     let mut records = Vec::new();
     for d in &letters {
         let outcome = match &d.redriven {
-            Some(a) => Err(format!("already re-driven by {} at {} ms ({})", a.actor, a.at_ms, a.note)),
-            None => redrive_record(d, input_topic),
+            Some(a) if a.state == RedriveState::Sent => {
+                Err(format!("already re-driven by {} at {} ms ({})", a.actor, a.at_ms, a.note))
+            }
+            // Cut short before its acknowledgement: sent again when asked
+            // for by position (a class never selects it).
+            _ => redrive_record(d, input_topic),
         };
         let (to_partition, skipped) = match outcome {
             Ok((rec, p)) => {
@@ -482,9 +506,9 @@ pub fn redrive(
             crate::kafka::admin::ensure_compacted(kafka, t, 1, topics.replication_factor)?;
         }
         let publisher = Publisher::new(kafka, max_record_bytes + crate::records::DLQ_HEADER_ROOM)?;
-        publisher.publish_all(records.iter().map(|(r, p, _)| (r, *p)))?;
-        let audit: Vec<OutboxRecord> = match &audit_topic {
-            Some(t) => records
+        let audit = |state: RedriveState| -> Vec<OutboxRecord> {
+            let Some(t) = &audit_topic else { return Vec::new() };
+            records
                 .iter()
                 .map(|(_, p, d)| {
                     let a = RedriveAudit {
@@ -496,6 +520,7 @@ pub fn redrive(
                         at_ms: who.at_ms,
                         to_topic: input_topic.to_owned(),
                         to_partition: *p,
+                        state,
                     };
                     OutboxRecord {
                         topic: t.clone(),
@@ -504,9 +529,14 @@ pub fn redrive(
                         headers: Vec::new(),
                     }
                 })
-                .collect(),
-            None => Vec::new(),
+                .collect()
         };
+        // The intent first: a re-drive cut short after this is never
+        // offered again as new.
+        publisher.publish_all(audit(RedriveState::Sending).iter().map(|r| (r, None)))?;
+        publisher.publish_all(records.iter().map(|(r, p, _)| (r, *p)))?;
+        crate::pipeline::faults::point("dlq::redriven");
+        let audit = audit(RedriveState::Sent);
         publisher.publish_all(audit.iter().map(|r| (r, None)))?;
         for (_, p, d) in &records {
             tracing::info!(
@@ -549,6 +579,7 @@ mod tests {
             at_ms: at + 1000,
             to_topic: "in".into(),
             to_partition: None,
+            state: RedriveState::Sent,
         });
         d
     }
