@@ -653,4 +653,16 @@ mod tests {
         assert_eq!(rec.headers[1].1.as_deref(), Some(&b"ab12"[..]));
         assert_eq!(partition, Some(2));
     }
+    /// Audit records written before re-drives recorded their state carry
+    /// none: they were written after the broker's acknowledgement, so they
+    /// read as `sent`.
+    #[test]
+    fn an_audit_record_without_a_state_reads_as_sent() {
+        let old = r#"{"dead_letter":"dlq/0/4","class":"oversize","key":"e","actor":"ana","note":"","at_ms":1,"to_topic":"in","to_partition":null}"#;
+        let a: RedriveAudit = serde_json::from_str(old).unwrap();
+        assert_eq!(a.state, RedriveState::Sent);
+        let sending = RedriveAudit { state: RedriveState::Sending, ..a };
+        let text = serde_json::to_string(&sending).unwrap();
+        assert!(text.contains(r#""state":"sending""#), "{text}");
+    }
 }

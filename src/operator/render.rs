@@ -323,6 +323,15 @@ pub fn dead_letters(items: &[DeadLetter]) -> String {
         }
         if let Some(a) = &d.redriven {
             let _ = writeln!(o, "    re-driven by {} at {}: {}", a.actor, time(a.at_ms), a.note);
+            if a.state == crate::operator::dlq::RedriveState::Sending {
+                let _ = writeln!(
+                    o,
+                    "    that re-drive was cut short before the broker acknowledged it: it may or may not be on {}; \
+                     `reconciler dlq redrive --offset {}:{}` sends it again (a copy that did get through is then \
+                     a duplicate delivery of the same event)",
+                    a.to_topic, d.partition, d.offset
+                );
+            }
         }
         for (k, v) in &d.headers {
             let _ = writeln!(o, "    header {k} = {}", opt(v));

@@ -6,7 +6,8 @@
 //! letters pending again (attempts back to 0) and writes one row per dead
 //! letter to `reconciler_outbox_redrive` in the same transaction: who,
 //! when, why, and the error it had. A re-driven row is pending, so it is
-//! not offered again; if it fails again it is a new dead letter.
+//! not offered again; if it fails again it is a new dead letter. Audit and
+//! status change commit together: a re-drive cut short leaves neither.
 
 use serde::Serialize;
 use tokio_postgres::{Client, GenericClient};
@@ -258,6 +259,10 @@ pub async fn redrive(
         )
         .await
         .map_err(OutboxError::db("re-driving dead letters"))?;
+        // Killed here, the transaction is rolled back: neither the audit
+        // nor the new status exists, so the rows are still dead letters
+        // and a re-drive after it is the first.
+        crate::pipeline::faults::point("outbox::redriven");
         tx.execute(&format!("NOTIFY {CHANNEL}"), &[]).await.map_err(OutboxError::db("waking the relays"))?;
         for id in &chosen {
             tracing::info!(id, actor, "Outbox dead letter re-driven");

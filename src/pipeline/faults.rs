@@ -68,6 +68,16 @@ pub const RELAY_CRASH_POINTS: [&str; 1] = [
     "relay::published",
 ];
 
+/// The crash points of the operator's re-drives.
+pub const REDRIVE_CRASH_POINTS: [&str; 2] = [
+    // Dead letters re-published to the input and their `sending` audit
+    // written; the `sent` audit not yet (src/operator/dlq.rs).
+    "dlq::redriven",
+    // Outbox dead letters pending again and audited in the open
+    // transaction; not committed (src/outbox/dead_letter.rs).
+    "outbox::redriven",
+];
+
 /// Ends the process at once (SIGABRT: no unwinding, no flush).
 pub fn crash(point: &str) -> ! {
     eprintln!("crash point {point} reached: aborting");

@@ -6,7 +6,6 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -34,8 +33,14 @@ fn now() -> i64 {
 
 /// The binary with `cfg`'s topics, state directory and broker.
 fn cli(cfg: &Config, args: &[&str]) -> (bool, String, String) {
+    cli_env(cfg, &[], args)
+}
+
+/// [`cli`] with more environment variables (`FAILPOINTS` to crash it).
+fn cli_env(cfg: &Config, vars: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
     let t = &cfg.topics;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_reconciler"));
+    cmd.envs(vars.iter().copied());
     // The same policy as the run: a replay under another one decides otherwise.
     for (ty, tc) in &cfg.types {
         if let Some(ms) = tc.confirm_within_ms {
@@ -328,6 +333,21 @@ fn an_oversize_dead_letter_redriven_after_a_larger_limit_is_processed() {
     let (ok, _, err) = cli(&cfg, &["dlq", "inspect", "--class", "oversized"]);
     assert!(!ok && err.contains("unknown error class"), "{err}");
     assert_eq!(read_to_end(&cfg.kafka, &cfg.topics.events, Duration::from_secs(30)).unwrap().len(), input.len());
+    // A re-drive killed after the record was published and before the
+    // audit says so: the dead letter is not offered again as new, and
+    // only a re-drive by position sends it again.
+    let (ok, _, err) = cli_env(
+        &cfg,
+        &[("FAILPOINTS", "dlq::redriven=return")],
+        &["dlq", "redrive", "--class", "oversize", "--actor", "ana", "--note", "limit raised"],
+    );
+    assert!(!ok && err.contains("crash point dlq::redriven reached"), "{err}");
+    let (ok, text, _) = cli(&cfg, &["dlq", "inspect", "--class", "oversize"]);
+    assert!(ok && text.contains("No dead letters match"), "{text}");
+    let (ok, text, _) = cli(&cfg, &["dlq", "inspect", "--all"]);
+    assert!(ok && text.contains("cut short") && text.contains(&format!("--offset {position}")), "{text}");
+    let (ok, text, err) = cli(&cfg, &["dlq", "redrive", "--class", "oversize", "--actor", "ana"]);
+    assert!(ok && text.contains("0 re-driven"), "{text}{err}");
     let (ok, text, err) =
         cli(&cfg, &["dlq", "redrive", "--offset", &position, "--actor", "ana", "--note", "limit raised"]);
     assert!(ok && text.contains("1 re-driven"), "{text}{err}");
@@ -346,21 +366,49 @@ fn an_oversize_dead_letter_redriven_after_a_larger_limit_is_processed() {
     assert_eq!((a.actor.as_str(), a.note.as_str(), a.class.as_str()), ("ana", "limit raised", "oversize"));
     assert_eq!((a.to_topic.as_str(), a.to_partition), (cfg.topics.events.as_str(), Some(original.partition)));
 
-    let mut verdicts = TopicReader::new(&cfg.kafka, &[&cfg.topics.verdicts], 3).unwrap();
-    let got = verdicts.read_until(Duration::from_secs(30), |r| !r.is_empty());
+    // Both copies reached the input: the first is processed, the second
+    // is recognised as the same event delivered again.
+    let mut anomalies = TopicReader::new(&cfg.kafka, &[&cfg.topics.anomalies], 3).unwrap();
+    let duplicate = |r: &[reconciler::records::Record]| {
+        r.iter().any(|r| codec.decode_anomaly(r.value.as_deref().unwrap()).unwrap().event_id == "b2")
+    };
+    let got = anomalies.read_until(Duration::from_secs(30), |r| duplicate(r));
+    assert!(got, "the second copy was not recognised");
+    assert!(wait_applied_to_end(&cfg, Duration::from_secs(30)), "the pipeline did not reach the end of the input");
     running.stop();
-    assert!(got, "the re-driven record was not processed");
-    let v = codec.decode_verdict(verdicts.records[0].value.as_deref().unwrap()).unwrap();
+    let a = anomalies
+        .records
+        .iter()
+        .map(|r| codec.decode_anomaly(r.value.as_deref().unwrap()).unwrap())
+        .find(|a| a.event_id == "b2")
+        .unwrap();
+    assert_eq!((a.kind.as_str(), a.operation_id.as_str()), ("DUPLICATE_DELIVERY", "op-big"));
+    let verdicts = read_to_end(&cfg.kafka, &cfg.topics.verdicts, Duration::from_secs(30)).unwrap();
+    assert_eq!(verdicts.len(), 1, "one verdict, whatever the number of copies");
+    let v = codec.decode_verdict(verdicts[0].value.as_deref().unwrap()).unwrap();
     assert_eq!((v.operation_id.as_str(), v.outcome.as_str()), ("op-big", "NOT_APPLICABLE"));
     // In the log: unchanged key, value and headers, plus where it came from.
     let input = read_to_end(&cfg.kafka, &cfg.topics.events, Duration::from_secs(30)).unwrap();
-    let redriven = input.last().unwrap();
-    assert_eq!((&redriven.key, &redriven.value), (&original.key, &original.value));
+    let copies: Vec<_> = input.iter().filter(|r| r.headers.iter().any(|(k, _)| k == dlq::REDRIVEN_FROM)).collect();
+    assert_eq!(copies.len(), 2, "the cut-short re-drive and its repeat");
     let from = format!("{}/{}/{}", cfg.topics.dlq, d.partition, d.offset).into_bytes();
-    assert_eq!(redriven.headers, vec![trace, (dlq::REDRIVEN_FROM.to_owned(), Some(from))]);
+    for c in &copies {
+        assert_eq!((&c.key, &c.value), (&original.key, &original.value));
+        assert_eq!(c.headers, vec![trace.clone(), (dlq::REDRIVEN_FROM.to_owned(), Some(from.clone()))]);
+    }
+    // The story: the request, the first copy taken in, the second seen as
+    // a duplicate.
     let store = Store::open(&cfg.state_dir, &cfg.topics.events, false).unwrap();
     let x = explain(&store, "op-big").unwrap().unwrap();
-    let bodies: BTreeMap<i64, &str> = x.timeline.iter().map(|r| (r.entry.offset, r.entry.body.as_str())).collect();
-    assert_eq!(bodies.values().copied().collect::<Vec<_>>(), vec!["Requested", "Cancelled"]);
-    assert_eq!(*bodies.keys().last().unwrap(), redriven.offset);
+    let story: Vec<(i64, &str, Disposition)> =
+        x.timeline.iter().map(|r| (r.entry.offset, r.entry.body.as_str(), r.entry.disposition)).collect();
+    assert_eq!(
+        story[1..],
+        [
+            (copies[0].offset, "Cancelled", Disposition::Applied),
+            (copies[1].offset, "Cancelled", Disposition::Duplicate)
+        ],
+        "{story:?}"
+    );
+    assert_eq!(story[0].1, "Requested");
 }

@@ -340,6 +340,24 @@ fn rows_wait_out_a_broker_outage_and_a_refused_row_becomes_a_dead_letter_without
         assert_eq!(order[&format!("ent-{e}")], vec![1, 2, 3, 4], "ent-{e} out of commit order");
     }
 
+    // A re-drive killed inside its transaction leaves nothing behind: the
+    // row is still a dead letter, unaudited, and the next re-drive is the
+    // first.
+    let dir = common::temp_dir("relay-redrive");
+    let config = write_full_config(&o.cfg, &dir);
+    let killed = std::process::Command::new(env!("CARGO_BIN_EXE_reconciler"))
+        .arg("--config")
+        .arg(&config)
+        .args(["outbox", "redrive", "--class", "MessageSizeTooLarge", "--actor", "ana"])
+        .env(&o.var, o.pg.connection())
+        .env("FAILPOINTS", "outbox::redriven=return")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&killed.stderr);
+    assert!(!killed.status.success() && err.contains("crash point outbox::redriven reached"), "{err}");
+    assert_eq!(o.rows("dead_letter"), 1);
+    assert_eq!(o.number("SELECT count(*) FROM reconciler_outbox_redrive"), 0);
+
     // A re-drive makes the dead letter pending again, audited; refused
     // again (still too large), it is a new dead letter with fresh attempts.
     let (dead_id, report) = o.rt.block_on(async {

@@ -484,7 +484,8 @@ function renderDlq(d) {
   $("ob-empty").hidden = rows.length !== 0 || !ob.available;
 
   const audit = [
-    ...(k.audit || []).map((a) => ({ at: a.at_ms, actor: a.actor, place: "DLQ", what: `${a.dead_letter} (${a.class}, key ${a.key ?? "null"}) → ${a.to_topic}`, note: a.note })),
+    ...(k.audit || []).map((a) => ({ at: a.at_ms, actor: a.actor, place: "DLQ", what: `${a.dead_letter} (${a.class}, key ${a.key ?? "null"}) → ${a.to_topic}` +
+      (a.state === "sending" ? " (cut short before the broker acknowledged it: re-drive it by position to be sure)" : ""), note: a.note })),
     ...(ob.available ? ob.audit : []).map((a) => ({ at: a.at_ms, actor: a.actor, place: "outbox", what: `row ${a.outbox_id} (${a.last_error ?? ""})`, note: a.note })),
   ].sort((a, b) => b.at - a.at);
   $("audit-body").replaceChildren(...audit.map((a) => el("tr", {},
