@@ -38,6 +38,12 @@ if [ "$mode" = "--tests" ]; then
     python3 -m pip install --quiet --disable-pip-version-check fastavro 2>/dev/null ||
       python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages fastavro
   fi
+  # confluent-kafka: the registry interop test's independent client.
+  if ! python3 -c "import confluent_kafka.schema_registry.avro" >/dev/null 2>&1; then
+    echo "Installing confluent-kafka (registry interop tests)..."
+    python3 -m pip install --quiet --disable-pip-version-check 'confluent-kafka[avro,schemaregistry]' 2>/dev/null ||
+      python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages 'confluent-kafka[avro,schemaregistry]'
+  fi
   # promtool (Debian's prometheus package) checks the alert rules; the
   # panel's browser test drives Debian's Chromium through playwright-core;
   # Node.js also reads the deployment files' YAML (tests/deploy.rs).

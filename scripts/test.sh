@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, runs the offline tests (no
 # broker, no other program), starts a local Apache Kafka and runs the
-# integration tests (broker, fastavro, promtool, Node.js, Chromium, OpenSSL,
-# PostgreSQL), and stops the broker. Everything is built once, in release
+# integration tests (broker, schema registry, fastavro, confluent-kafka,
+# promtool, Node.js, Chromium, OpenSSL, PostgreSQL), and stops the broker
+# and the registry. Everything is built once, in release
 # mode: RocksDB and librdkafka are too slow to build in two profiles.
 #
 # BROKER_ENGINE (scripts/broker.sh) runs the integration tests on another
@@ -44,8 +45,18 @@ export BROKER_ENGINE=${BROKER_ENGINE:-kafka}
 # work every second (the compaction suite waits for it).
 export BROKER_SETTINGS=${BROKER_SETTINGS:-transaction.abort.timed.out.transaction.cleanup.interval.ms=1000 log.cleaner.backoff.ms=1000}
 integration=0
+# The schema registry of the Confluent-framing tests (Apicurio Registry's
+# Confluent-compatible API, in memory), with Confluent's default global
+# compatibility level so that an incompatible schema is refused.
+export REGISTRY_PORT=${REGISTRY_PORT:-18081}
+export REGISTRY_COMPATIBILITY=${REGISTRY_COMPATIBILITY:-BACKWARD}
+if scripts/registry.sh start; then
+  export SCHEMA_REGISTRY_URL=$(scripts/registry.sh url)
+else
+  echo "The schema registry did not start (the reason is above): its tests will fail." | tee -a "$log"
+fi
 if scripts/broker.sh start "$BROKER_ENGINE"; then
-  trap 'scripts/broker.sh stop' EXIT
+  trap 'scripts/broker.sh stop; scripts/registry.sh stop' EXIT
   export KAFKA_BROKERS=127.0.0.1:$BROKER_PORT
   set +e
   cargo test --release --locked --no-fail-fast --features kafka-integration-tests --test integration "$@" 2>&1 | tee -a "$log"

@@ -21,7 +21,8 @@
 //!     anomaly of one that does not prove it (issue 18).
 //! - [`clock`]: the wall clock, injected (depends on nothing); [`retry`]:
 //!   exponential back-off with jitter (pure).
-//! - [`codec`]: Avro single-object encoding against the schemas in `schemas/`.
+//! - [`codec`]: Avro against the schemas in `schemas/`, single-object
+//!   encoded or in the Confluent schema-registry framing (`codec/framing.rs`).
 //! - [`config`]: the configuration file, its defaults and checks.
 //! - [`process`]: process-wide settings the binary applies first
 //!   (transparent huge pages off).
@@ -35,6 +36,8 @@
 //! - [`kafka`]: the Kafka adapters: consumer-group member (reports facts),
 //!   acknowledged publisher (where outputs are published), topic admin,
 //!   watermarks, reader.
+//! - [`registry`]: the schema registry of the Confluent framing: the
+//!   reconciler's schemas registered at start-up, the input's fetched by id.
 //! - [`metrics`]: the typed Prometheus registry.
 //! - [`pipeline`]: the run loop; it decides. `pipeline/apply.rs` (a batch's
 //!   work), `pipeline/restore.rs` (where a moved partition is restored, and
@@ -91,6 +94,8 @@ pub mod probe;
 pub mod process;
 #[cfg(feature = "io")]
 pub mod records;
+#[cfg(feature = "io")]
+pub mod registry;
 #[cfg(feature = "io")]
 pub mod report;
 pub mod retry;

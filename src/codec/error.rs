@@ -15,18 +15,48 @@ pub enum DecodeError {
         /// The configured limit in bytes.
         limit: usize,
     },
-    /// The value does not start with `C3 01`: not single-object encoded
-    /// (e.g. plain JSON, or Confluent wire format).
-    #[error("bad magic: expected C3 01 (Avro single-object encoding), found {found}")]
+    /// The value does not start with a framing this topic is read in (e.g.
+    /// plain JSON, or a Confluent-framed record where only single-object
+    /// encoding is read).
+    #[error("bad magic: expected {expected}, found {found}")]
     BadMagic {
-        /// The first two bytes, in hex.
+        /// What the topic is read in: `C3 01 (Avro single-object encoding)`,
+        /// `00 (Confluent framing)` or both.
+        expected: &'static str,
+        /// The first bytes (up to two), in hex.
         found: String,
     },
-    /// The value is shorter than the marker and fingerprint.
-    #[error("truncated header: {len} bytes, single-object encoding needs at least 10")]
+    /// The value is shorter than its framing's header.
+    #[error("truncated header: {len} bytes, {framing} needs at least {needs}")]
     TruncatedHeader {
         /// Length of the value in bytes.
         len: usize,
+        /// The framing its first byte names.
+        framing: &'static str,
+        /// The header's length in that framing.
+        needs: usize,
+    },
+    /// A Confluent-framed record names a schema id the registry does not
+    /// have (or that was not fetched).
+    #[error("unknown schema id {id}: {reason}")]
+    UnknownSchemaId {
+        /// The id read from the header.
+        id: u32,
+        /// What the registry said.
+        reason: String,
+    },
+    /// A Confluent-framed record names a schema the reconciler cannot read
+    /// it with: not a schema of this topic's record type, or one whose
+    /// records do not resolve to the reconciler's by Avro's rules (an
+    /// incompatible change).
+    #[error("schema id {id} cannot be read as {expected}: {reason}")]
+    IncompatibleSchema {
+        /// The id read from the header.
+        id: u32,
+        /// Full name of the record type the topic carries.
+        expected: &'static str,
+        /// Why, as the compatibility check reports it.
+        reason: String,
     },
     /// No shipped schema has this fingerprint: a writer with a schema that is
     /// not (yet) in `schemas/`.
@@ -99,6 +129,8 @@ impl DecodeError {
             DecodeError::BadMagic { .. } => "bad_magic",
             DecodeError::TruncatedHeader { .. } | DecodeError::TruncatedBody { .. } => "truncated",
             DecodeError::UnknownFingerprint { .. } => "unknown_fingerprint",
+            DecodeError::UnknownSchemaId { .. } => "unknown_schema_id",
+            DecodeError::IncompatibleSchema { .. } => "incompatible_schema",
             DecodeError::WrongSchema { .. } => "wrong_schema",
             DecodeError::Malformed { .. } | DecodeError::TrailingBytes { .. } => "malformed",
             DecodeError::InvalidField { .. } => "invalid_field",
@@ -107,12 +139,14 @@ impl DecodeError {
     }
 
     /// Every class, for metrics initialisation.
-    pub const CLASSES: [&'static str; 9] = [
+    pub const CLASSES: [&'static str; 11] = [
         "null_value",
         "oversize",
         "bad_magic",
         "truncated",
         "unknown_fingerprint",
+        "unknown_schema_id",
+        "incompatible_schema",
         "wrong_schema",
         "malformed",
         "invalid_field",

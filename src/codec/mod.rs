@@ -1,19 +1,26 @@
-//! Avro single-object encoding (SPEC §3) of every topic's records.
+//! Avro encoding of every topic's records, in either framing
+//! ([`framing`]).
 //!
-//! A record is `C3 01`, the 8-byte little-endian CRC-64-AVRO fingerprint of
-//! the writer schema's Parsing Canonical Form, then the Avro binary body.
-//! Writer schemas are looked up by fingerprint in a [`SchemaSet`] built once
-//! from the files in `schemas/` (current and historical versions), so an
-//! older writer still decodes through Avro schema resolution.
+//! A single-object record is `C3 01`, the 8-byte little-endian CRC-64-AVRO
+//! fingerprint of the writer schema's Parsing Canonical Form, then the Avro
+//! binary body. Writer schemas are looked up by fingerprint in a
+//! [`SchemaSet`] built once from the files in `schemas/` (current and
+//! historical versions), so an older writer still decodes through Avro
+//! schema resolution. A Confluent-framed record names its writer schema by
+//! a registry id instead; the codec does no IO, so the ids' schemas are
+//! handed to it ([`SchemaSet::learn`]) by whoever talks to the registry,
+//! and it checks there that they resolve to the product's.
 
 mod binary;
 mod error;
 mod event;
+pub mod framing;
 mod outputs;
 mod schemas;
 
 pub use error::{DecodeError, EncodeError};
-pub use schemas::{SchemaKind, SchemaSet, WriterSchema};
+pub use framing::{Framing, InputFraming};
+pub use schemas::{Learned, SchemaKind, SchemaSet, Unusable, WriterRef, WriterSchema};
 
 use crate::core::output::{Anomaly, RepairCommand, Verdict};
 use crate::core::Event;
@@ -27,6 +34,11 @@ pub const HEADER_LEN: usize = 10;
 #[derive(Debug, Clone)]
 pub struct Codec {
     schemas: SchemaSet,
+    /// The framings input records are read in.
+    input: InputFraming,
+    /// The header each kind is written with: the single-object header of
+    /// its current schema, or the Confluent header of its registry id.
+    headers: rustc_hash::FxHashMap<SchemaKind, Vec<u8>>,
 }
 
 impl Default for Codec {
@@ -37,8 +49,32 @@ impl Default for Codec {
 
 impl Codec {
     /// Parses the schemas shipped in `schemas/` (embedded at build time).
+    /// Records are read and written single-object encoded.
     pub fn new() -> Self {
-        Codec { schemas: SchemaSet::builtin() }
+        let schemas = SchemaSet::builtin();
+        let headers = SchemaKind::ALL.into_iter().map(|k| (k, schemas.current(k).header())).collect();
+        Codec { schemas, input: InputFraming::SingleObject, headers }
+    }
+
+    /// This codec, reading input records in `input`.
+    pub fn reading(mut self, input: InputFraming) -> Self {
+        self.input = input;
+        self
+    }
+
+    /// This codec, writing records of `kind` Confluent-framed under registry
+    /// id `id`, which must hold the current schema of `kind` (the registry
+    /// answered so when it was registered or looked up). Records of `kind`
+    /// under that id are then also read as the current schema.
+    pub fn writing_confluent(mut self, kind: SchemaKind, id: u32) -> Self {
+        self.schemas.learn_current(id, kind);
+        self.headers.insert(kind, framing::confluent_header(id).to_vec());
+        self
+    }
+
+    /// The framings input records are read in.
+    pub fn input(&self) -> InputFraming {
+        self.input
     }
 
     /// The schema set it encodes and decodes with.
@@ -52,11 +88,11 @@ impl Codec {
     /// The current version takes the direct path (`binary.rs`); older
     /// versions go through apache-avro with schema resolution.
     pub fn decode_event(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
-        let (writer, body) = self.schemas.writer_for(bytes, SchemaKind::OperationEvent)?;
+        let (writer, body) = self.schemas.writer_for(bytes, SchemaKind::OperationEvent, self.input)?;
         let ev = if writer.fingerprint == binary::FINGERPRINT {
             binary::decode(body)?
         } else {
-            self.generic_event(writer, body)?
+            self.generic_event(&writer, body)?
         };
         event::validate(&ev)?;
         Ok(ev)
@@ -72,19 +108,16 @@ impl Codec {
     /// The reference decoder: apache-avro's generic path for every version.
     /// Same contract as [`Codec::decode_event`]; the tests hold the two equal.
     pub fn decode_event_generic(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
-        let (writer, body) = self.schemas.writer_for(bytes, SchemaKind::OperationEvent)?;
-        let ev = self.generic_event(writer, body)?;
+        let (writer, body) = self.schemas.writer_for(bytes, SchemaKind::OperationEvent, self.input)?;
+        let ev = self.generic_event(&writer, body)?;
         event::validate(&ev)?;
         Ok(ev)
     }
 
-    /// Encodes an event with the current `OperationEvent` schema.
+    /// Encodes an event with the current `OperationEvent` schema, in the
+    /// framing events are written in.
     pub fn encode_event(&self, ev: &Event) -> Result<Vec<u8>, EncodeError> {
-        let current = self.schemas.current(SchemaKind::OperationEvent);
-        debug_assert_eq!(current.fingerprint, binary::FINGERPRINT);
-        let mut buf = current.header();
-        binary::encode(ev, &mut buf);
-        Ok(buf)
+        Ok(self.encode_direct(SchemaKind::OperationEvent, binary::FINGERPRINT, |buf| binary::encode(ev, buf)))
     }
 
     /// The reference encoder: apache-avro's value writer (validates against
@@ -115,13 +148,18 @@ impl Codec {
         Ok(self.encode_direct(SchemaKind::RepairCommand, outputs::COMMAND_FINGERPRINT, |buf| outputs::command(c, buf)))
     }
 
-    /// The header of the current schema of `kind`, then the body `write`
-    /// appends. `fingerprint` is the schema the writer was written for; a
-    /// test holds it equal to the current one.
+    /// The header `kind` is written with, then the body `write` appends.
+    /// `fingerprint` is the schema the writer was written for; a test holds
+    /// it equal to the current one.
     fn encode_direct(&self, kind: SchemaKind, fingerprint: u64, write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-        let current = self.schemas.current(kind);
-        debug_assert_eq!(current.fingerprint, fingerprint, "{} changed: update codec/outputs.rs", kind.full_name());
-        let mut buf = current.header();
+        debug_assert_eq!(
+            self.schemas.current(kind).fingerprint,
+            fingerprint,
+            "{} changed: update codec/outputs.rs",
+            kind.full_name()
+        );
+        let mut buf = Vec::with_capacity(256);
+        buf.extend_from_slice(&self.headers[&kind]);
         write(&mut buf);
         buf
     }

@@ -1,7 +1,8 @@
 //! The schema set: every `.avsc` in `schemas/`, parsed and fingerprinted
 //! once at start, looked up by fingerprint for each record.
 
-use std::sync::{Arc, Once};
+use std::borrow::Cow;
+use std::sync::{Arc, Once, RwLock};
 
 use apache_avro::types::Value;
 use apache_avro::Schema;
@@ -9,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::error::{DecodeError, EncodeError};
+use super::framing::{Framing, InputFraming, CONFLUENT_HEADER_LEN, CONFLUENT_MAGIC};
 use super::{HEADER_LEN, MAGIC};
 
 /// The record types of the product's topics.
@@ -33,6 +35,21 @@ impl SchemaKind {
             SchemaKind::Anomaly => "reconciler.v1.Anomaly",
             SchemaKind::RepairCommand => "reconciler.v1.RepairCommand",
         }
+    }
+
+    /// Every kind.
+    pub const ALL: [SchemaKind; 4] =
+        [SchemaKind::OperationEvent, SchemaKind::Verdict, SchemaKind::Anomaly, SchemaKind::RepairCommand];
+
+    /// The text of its current schema file (what is registered in a
+    /// schema registry).
+    pub fn current_text(self) -> &'static str {
+        SCHEMA_FILES.iter().find(|f| f.2 == self && f.3).map(|f| f.1).expect("every kind has a current schema")
+    }
+
+    /// The kind whose record has full name `name`.
+    pub fn of_full_name(name: &str) -> Option<SchemaKind> {
+        SchemaKind::ALL.into_iter().find(|k| k.full_name() == name)
     }
 }
 
@@ -69,8 +86,9 @@ const MAX_ALLOCATION_BYTES: usize = 16 * 1024 * 1024;
 /// A parsed writer schema.
 #[derive(Debug)]
 pub struct WriterSchema {
-    /// Path under `schemas/`, named in decode errors.
-    pub file: &'static str,
+    /// Path under `schemas/`, or `registry id N` for a schema fetched from
+    /// a schema registry; named in decode errors.
+    pub file: Cow<'static, str>,
     /// The record type it describes.
     pub kind: SchemaKind,
     /// CRC-64-AVRO of its Parsing Canonical Form: the key records name it by.
@@ -92,13 +110,67 @@ impl WriterSchema {
     }
 }
 
-/// All known schemas, by fingerprint.
+/// A writer schema found for a record: one of `schemas/` (borrowed, the
+/// hot path) or one fetched from a registry.
+#[derive(Debug)]
+pub enum WriterRef<'a> {
+    /// A shipped schema.
+    Shipped(&'a WriterSchema),
+    /// A schema the registry holds that is none of the shipped ones.
+    Registered(Arc<WriterSchema>),
+}
+
+impl std::ops::Deref for WriterRef<'_> {
+    type Target = WriterSchema;
+    fn deref(&self) -> &WriterSchema {
+        match self {
+            WriterRef::Shipped(w) => w,
+            WriterRef::Registered(w) => w,
+        }
+    }
+}
+
+/// What a schema id of the registry was found to be.
+#[derive(Debug, Clone)]
+pub enum Learned {
+    /// The same schema (Parsing Canonical Form) as a shipped one, by its
+    /// fingerprint: read exactly as a single-object record of it.
+    Shipped(u64),
+    /// Another version of one of the product's records that resolves to
+    /// the current one by Avro's rules.
+    Resolvable(Arc<WriterSchema>),
+    /// Not readable: the registry has no such id, the schema does not
+    /// parse, is not one of the product's records, or does not resolve.
+    Unusable(Unusable),
+}
+
+/// Why a registry schema cannot be read.
+#[derive(Debug, Clone)]
+pub enum Unusable {
+    /// The registry answered that it has no schema with this id.
+    Missing(String),
+    /// A schema, but not one the reconciler can read as the record type
+    /// `kind` (`None`: none of the product's record types).
+    Incompatible {
+        /// The record type it names, if one of the product's.
+        kind: Option<SchemaKind>,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// All known schemas, by fingerprint, and those learnt from a registry, by
+/// id.
 #[derive(Debug, Clone)]
 pub struct SchemaSet {
     by_fingerprint: rustc_hash::FxHashMap<u64, Arc<WriterSchema>>,
     /// Looked up for every output encoded: FxHash, not SipHash (a few
     /// fixed kinds, nothing an input chooses).
     current: rustc_hash::FxHashMap<SchemaKind, Arc<WriterSchema>>,
+    /// Registry schema ids seen so far and what they are. Shared by clones:
+    /// an id is fetched once per process, and schemas under an id never
+    /// change (the registry's contract).
+    registered: Arc<RwLock<rustc_hash::FxHashMap<u32, Learned>>>,
 }
 
 /// The Parsing Canonical Form as the Avro specification defines it.
@@ -134,10 +206,20 @@ impl SchemaSet {
         LIMIT.call_once(|| {
             apache_avro::util::max_allocation_bytes(MAX_ALLOCATION_BYTES);
         });
-        let mut set = SchemaSet { by_fingerprint: Default::default(), current: Default::default() };
+        let mut set = SchemaSet {
+            by_fingerprint: Default::default(),
+            current: Default::default(),
+            registered: Default::default(),
+        };
         for (file, text, kind, current) in SCHEMA_FILES {
             let schema = Schema::parse_str(text).unwrap_or_else(|e| panic!("schemas/{file} does not parse: {e}"));
-            let w = Arc::new(WriterSchema { file, kind, fingerprint: fingerprint(&schema), schema, current });
+            let w = Arc::new(WriterSchema {
+                file: Cow::Borrowed(file),
+                kind,
+                fingerprint: fingerprint(&schema),
+                schema,
+                current,
+            });
             if current {
                 set.current.insert(kind, w.clone());
             }
@@ -161,27 +243,145 @@ impl SchemaSet {
         self.by_fingerprint.values().map(|w| w.as_ref())
     }
 
-    /// Reads the single-object header and finds the writer schema.
+    /// Whether registry schema `id` is still to be fetched.
+    pub fn needs(&self, id: u32) -> bool {
+        !self.registered.read().expect("not poisoned").contains_key(&id)
+    }
+
+    /// Records what registry schema `id` is, from the registry's answer:
+    /// the schema's text, or why there is none. Returns what it was found
+    /// to be.
+    pub fn learn(&self, id: u32, answer: Result<&str, String>) -> Learned {
+        let learned = match answer {
+            Err(reason) => Learned::Unusable(Unusable::Missing(reason)),
+            Ok(text) => self.judge(id, text),
+        };
+        self.registered.write().expect("not poisoned").insert(id, learned.clone());
+        learned
+    }
+
+    /// Records that registry schema `id` is the current schema of `kind`
+    /// (the registry answered so for the schema the reconciler registered).
+    pub fn learn_current(&self, id: u32, kind: SchemaKind) {
+        let fp = self.current(kind).fingerprint;
+        self.registered.write().expect("not poisoned").insert(id, Learned::Shipped(fp));
+    }
+
+    /// What schema `text` (registry id `id`) is to the reconciler.
+    fn judge(&self, id: u32, text: &str) -> Learned {
+        let schema = match Schema::parse_str(text) {
+            Ok(s) => s,
+            Err(e) => {
+                return Learned::Unusable(Unusable::Incompatible {
+                    kind: None,
+                    reason: format!("not an Avro schema it can parse: {e}"),
+                })
+            }
+        };
+        let fp = fingerprint(&schema);
+        if self.by_fingerprint.contains_key(&fp) {
+            return Learned::Shipped(fp);
+        }
+        let name = match &schema {
+            Schema::Record(r) => r.name.fullname(None),
+            other => format!("a {:?} schema", apache_avro::schema::SchemaKind::from(other)),
+        };
+        let Some(kind) = SchemaKind::of_full_name(&name) else {
+            return Learned::Unusable(Unusable::Incompatible {
+                kind: None,
+                reason: format!("it is {name}, none of the reconciler's records"),
+            });
+        };
+        if let Err(e) = apache_avro::schema_compatibility::SchemaCompatibility::can_read(&schema, self.reader(kind)) {
+            return Learned::Unusable(Unusable::Incompatible {
+                kind: Some(kind),
+                reason: format!("its records do not resolve to the reconciler's {}: {e}", kind.full_name()),
+            });
+        }
+        Learned::Resolvable(Arc::new(WriterSchema {
+            file: Cow::Owned(format!("registry id {id}")),
+            kind,
+            fingerprint: fp,
+            schema,
+            current: false,
+        }))
+    }
+
+    /// Reads the framing's header and finds the writer schema: by
+    /// fingerprint (single-object) or by registry id (Confluent), as
+    /// `accept` allows.
     pub fn writer_for<'b>(
         &self,
         bytes: &'b [u8],
         expected: SchemaKind,
-    ) -> Result<(&WriterSchema, &'b [u8]), DecodeError> {
-        if bytes.len() >= 2 && bytes[..2] != MAGIC {
-            return Err(DecodeError::BadMagic { found: format!("{:02X} {:02X}", bytes[0], bytes[1]) });
-        }
-        if bytes.len() < HEADER_LEN {
-            return Err(DecodeError::TruncatedHeader { len: bytes.len() });
-        }
-        let fp = u64::from_le_bytes(bytes[2..HEADER_LEN].try_into().expect("8 bytes"));
-        let writer = self.by_fingerprint.get(&fp).ok_or(DecodeError::UnknownFingerprint { fingerprint: fp })?;
+        accept: InputFraming,
+    ) -> Result<(WriterRef<'_>, &'b [u8]), DecodeError> {
+        let (writer, body) = match bytes.first() {
+            Some(&CONFLUENT_MAGIC) if accept.accepts(Framing::Confluent) => self.by_id(bytes, expected)?,
+            Some(&b) if b == MAGIC[0] && accept.accepts(Framing::SingleObject) => {
+                if bytes.len() >= 2 && bytes[1] != MAGIC[1] {
+                    return Err(bad_magic(bytes, accept));
+                }
+                if bytes.len() < HEADER_LEN {
+                    return Err(DecodeError::TruncatedHeader {
+                        len: bytes.len(),
+                        framing: "single-object encoding",
+                        needs: HEADER_LEN,
+                    });
+                }
+                let fp = u64::from_le_bytes(bytes[2..HEADER_LEN].try_into().expect("8 bytes"));
+                let w = self.by_fingerprint.get(&fp).ok_or(DecodeError::UnknownFingerprint { fingerprint: fp })?;
+                (WriterRef::Shipped(w), &bytes[HEADER_LEN..])
+            }
+            Some(_) => return Err(bad_magic(bytes, accept)),
+            None => {
+                let (framing, needs) = match accept {
+                    InputFraming::Confluent => ("the Confluent framing", CONFLUENT_HEADER_LEN),
+                    _ => ("single-object encoding", HEADER_LEN),
+                };
+                return Err(DecodeError::TruncatedHeader { len: 0, framing, needs });
+            }
+        };
         if writer.kind != expected {
             return Err(DecodeError::WrongSchema {
                 expected: expected.full_name(),
                 found: writer.kind.full_name().to_owned(),
             });
         }
-        Ok((writer, &bytes[HEADER_LEN..]))
+        Ok((writer, body))
+    }
+
+    /// The writer schema of a Confluent-framed record, by its id.
+    fn by_id<'b>(&self, bytes: &'b [u8], expected: SchemaKind) -> Result<(WriterRef<'_>, &'b [u8]), DecodeError> {
+        let Some(id) = super::framing::confluent_id(bytes) else {
+            return Err(DecodeError::TruncatedHeader {
+                len: bytes.len(),
+                framing: "the Confluent framing",
+                needs: CONFLUENT_HEADER_LEN,
+            });
+        };
+        let learned = self.registered.read().expect("not poisoned").get(&id).cloned();
+        let writer = match learned {
+            None => {
+                return Err(DecodeError::UnknownSchemaId {
+                    id,
+                    reason: "not fetched from a schema registry (none is configured here)".into(),
+                })
+            }
+            Some(Learned::Shipped(fp)) => WriterRef::Shipped(&self.by_fingerprint[&fp]),
+            Some(Learned::Resolvable(w)) => WriterRef::Registered(w),
+            Some(Learned::Unusable(Unusable::Missing(reason))) => {
+                return Err(DecodeError::UnknownSchemaId { id, reason })
+            }
+            Some(Learned::Unusable(Unusable::Incompatible { kind, reason })) => {
+                let reason = match kind {
+                    Some(k) if k != expected => format!("it is a {}, not a {}", k.full_name(), expected.full_name()),
+                    _ => reason,
+                };
+                return Err(DecodeError::IncompatibleSchema { id, expected: expected.full_name(), reason });
+            }
+        };
+        Ok((writer, &bytes[CONFLUENT_HEADER_LEN..]))
     }
 
     /// Encodes `value` with the current schema of `kind`, header included.
@@ -204,12 +404,20 @@ impl SchemaSet {
     }
 
     /// Decodes a record of `kind` into a serde type (for the output topics).
+    /// Either framing is read: the output topics carry what the instance
+    /// that wrote them was configured for.
     pub fn decode_serde<T: DeserializeOwned>(&self, kind: SchemaKind, bytes: &[u8]) -> Result<T, DecodeError> {
-        let (writer, body) = self.writer_for(bytes, kind)?;
-        let value = decode_value(writer, body, Some(self.reader(kind)))?;
+        let (writer, body) = self.writer_for(bytes, kind, InputFraming::Both)?;
+        let value = decode_value(&writer, body, Some(self.reader(kind)))?;
         apache_avro::from_value(&value)
             .map_err(|e| DecodeError::Malformed { schema: kind.full_name().to_owned(), detail: e.to_string() })
     }
+}
+
+/// The error for a record whose first bytes are no framing `accept` reads.
+fn bad_magic(bytes: &[u8], accept: InputFraming) -> DecodeError {
+    let found = bytes.iter().take(2).map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(" ");
+    DecodeError::BadMagic { expected: accept.expected(), found }
 }
 
 /// Decodes a body written with `writer`, resolving it to `reader` when the

@@ -15,8 +15,10 @@ use crate::core::{Policy, TypePolicy};
 use crate::signature::ControlKeys;
 
 mod probe;
+mod registry;
 mod relay;
 pub use probe::{expand_env, placeholders, DestinationConfig, DestinationKind, ProbeConfig, PROBE_PARAMS};
+pub use registry::{CodecConfig, Framing, InputFraming, RegistryAuth, SchemaRegistryConfig, SubjectNaming};
 pub use relay::{OnPublished, RelayConfig};
 
 /// A configuration that cannot be used; the message names the field.
@@ -650,6 +652,10 @@ pub struct Config {
     pub security: Security,
     /// The outbox relay (`[relay]`, `reconciler relay`).
     pub relay: RelayConfig,
+    /// How records are framed on the topics (`[codec]`).
+    pub codec: CodecConfig,
+    /// The schema registry of the Confluent framing (`[schema_registry]`).
+    pub schema_registry: SchemaRegistryConfig,
 }
 
 impl Default for Config {
@@ -676,6 +682,8 @@ impl Default for Config {
             destinations: BTreeMap::new(),
             security: Security::default(),
             relay: RelayConfig::default(),
+            codec: CodecConfig::default(),
+            schema_registry: SchemaRegistryConfig::default(),
         }
     }
 }
@@ -835,6 +843,7 @@ impl Config {
         self.validate_guarantee()?;
         self.probe.validate()?;
         self.relay.validate()?;
+        self.schema_registry.validate(&self.codec)?;
         if self.probe.group_id == self.consumer.group_id {
             // One group for both would rebalance the worker with every
             // pipeline instance and hand it the pipeline's input partitions.

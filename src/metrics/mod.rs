@@ -185,6 +185,8 @@ pub struct Metrics {
     batch_records: Histogram,
     timers_fired: IntCounter,
     publish_retries: IntCounter,
+    registry_failures: IntCounter,
+    registry_waiting: IntGauge,
     outbox_republished: IntCounter,
     transactions: IntCounterVec,
     operations: IntGaugeVec,
@@ -383,6 +385,16 @@ impl Metrics {
                 &r,
                 "reconciler_publish_retries_total",
                 "Failed attempts to publish outputs, retried with backoff (broker unreachable or refusing).",
+            ),
+            registry_failures: int_counter(
+                &r,
+                "reconciler_schema_registry_failures_total",
+                "Failed calls to the schema registry for the schema an input record names by id (unreachable, server error, credentials refused); the batch waits and the call is retried.",
+            ),
+            registry_waiting: int_gauge(
+                &r,
+                "reconciler_schema_registry_waiting",
+                "1 while input records wait for the schema registry to answer, else 0: the partitions make no progress meanwhile and no record is dead-lettered for it.",
             ),
             outbox_republished: int_counter(
                 &r,
@@ -602,6 +614,16 @@ impl Metrics {
         self.publish_retries.inc();
     }
 
+    /// A failed call to the schema registry, to be retried.
+    pub fn registry_failure(&self) {
+        self.registry_failures.inc();
+    }
+
+    /// Whether input records are waiting for the schema registry.
+    pub fn set_registry_waiting(&self, waiting: bool) {
+        self.registry_waiting.set(i64::from(waiting));
+    }
+
     /// `n` outputs of a previous run re-published from the outbox at start.
     pub fn outbox_republished(&self, n: usize) {
         self.outbox_republished.inc_by(n as u64);
@@ -748,7 +770,7 @@ impl Metrics {
     /// The name of every metric, whether or not it has a value yet
     /// (dashboards and alert rules are checked against this).
     pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 33] = [
+        let all: [&dyn Collector; 35] = [
             &self.events,
             &self.dead_letters,
             &self.verdicts,
@@ -765,6 +787,8 @@ impl Metrics {
             &self.batch_records,
             &self.timers_fired,
             &self.publish_retries,
+            &self.registry_failures,
+            &self.registry_waiting,
             &self.outbox_republished,
             &self.transactions,
             &self.operations,

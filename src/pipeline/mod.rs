@@ -119,6 +119,13 @@ pub enum PipelineError {
     /// [`lost_position`]).
     #[error(transparent)]
     LostPosition(#[from] lost_position::LostPosition),
+    /// The schema registry refused a schema at start-up, or could not be
+    /// asked.
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    /// Stopped while input records waited for the schema registry.
+    #[error(transparent)]
+    RegistryWait(#[from] crate::registry::Stopped),
     /// A thread of the pipeline panicked.
     #[error("the {0} thread panicked")]
     ThreadPanicked(&'static str),
@@ -195,6 +202,9 @@ pub struct Pipeline {
     /// Signs the timers this instance fires and verifies control events.
     keys: crate::signature::ControlKeys,
     codec: Codec,
+    /// Fetches the schemas Confluent-framed input records name (`None`:
+    /// the input is read single-object encoded only).
+    schemas: Option<crate::registry::SchemaFetcher>,
     store: Arc<Store>,
     /// The partitions this pipeline writes (see [`Claims`]).
     claims: Claims,
@@ -355,12 +365,18 @@ impl Pipeline {
         let fence = restore::Fence::new(&cfg.kafka);
         step("clients created");
         let batch_limit = batch_limit::BatchLimit::new(cfg.consumer.batch_size);
+        let (codec, schemas, registered) = crate::registry::codec(&cfg)?;
+        for r in &registered {
+            info!(subject = %r.subject, id = r.id, topic = %r.topic, schema = r.kind.full_name(), "Schema registered");
+        }
+        step("schemas registered");
         Ok(Pipeline {
             metrics,
             policy: cfg.policy(),
             keys,
             cfg,
-            codec: Codec::new(),
+            codec,
+            schemas,
             store,
             claims,
             lost,
@@ -618,6 +634,35 @@ impl Pipeline {
         }
     }
 
+    /// Fetches the schemas the batch's Confluent-framed records name that
+    /// the codec does not know yet, waiting out a registry outage (the
+    /// records are not dead-lettered for it).
+    fn learn_schemas(&mut self, records: &[Record], shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        let Some(fetcher) = &self.schemas else { return Ok(()) };
+        let metrics = &self.metrics;
+        let values = records.iter().filter_map(|r| r.value.as_deref());
+        let learnt = fetcher.learn(
+            &self.codec,
+            values,
+            shutdown,
+            |e| {
+                metrics.registry_failure();
+                metrics.set_registry_waiting(true);
+                warn!(error = %e, "The schema registry does not answer; input waits and the call is retried");
+            },
+            || metrics.set_registry_waiting(false),
+        )?;
+        for (id, l) in learnt {
+            match l {
+                crate::codec::Learned::Unusable(why) => {
+                    warn!(id, reason = ?why, "A schema id the input names cannot be read; its records are dead-lettered")
+                }
+                _ => info!(id, "Schema fetched from the registry"),
+            }
+        }
+        Ok(())
+    }
+
     /// Applies one batch and makes it durable and published.
     fn process(&mut self, records: Vec<Record>, alive_at: Instant, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         let started = Instant::now();
@@ -627,6 +672,7 @@ impl Pipeline {
         let waited_ms = tracing::enabled!(tracing::Level::DEBUG)
             .then(|| records.iter().filter_map(|r| r.timestamp).min().map(|t| (self.clock)() - t))
             .flatten();
+        self.learn_schemas(&records, shutdown)?;
         let mut next = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
         let stored = next.clone();
         let applier = Applier {

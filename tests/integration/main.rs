@@ -29,6 +29,7 @@ mod operator;
 mod pipeline;
 mod probe;
 mod prometheus;
+mod registry;
 mod relay;
 mod reliability;
 mod scale;

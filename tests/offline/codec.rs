@@ -275,7 +275,7 @@ fn every_shipped_schema_file_is_loaded() {
             let fp = reconciler::codec::SchemaSet::builtin()
                 .all()
                 .find(|w| w.schema.canonical_form() == schema.canonical_form())
-                .map(|w| w.file);
+                .map(|w| w.file.clone());
             assert!(fp.is_some(), "{entry:?} is not in the codec's schema set");
         }
     }
@@ -358,9 +358,9 @@ fn decode_errors_are_typed() {
     let codec = Codec::new();
     let good = codec.encode_event(&event(Body::Started { attempt: 1, worker: "w".into() }, Some(2))).unwrap();
 
-    assert!(matches!(codec.decode_event(&[]), Err(DecodeError::TruncatedHeader { len: 0 })));
+    assert!(matches!(codec.decode_event(&[]), Err(DecodeError::TruncatedHeader { len: 0, .. })));
     assert!(matches!(codec.decode_event(b"{\"json\": true}"), Err(DecodeError::BadMagic { .. })));
-    assert!(matches!(codec.decode_event(&good[..6]), Err(DecodeError::TruncatedHeader { len: 6 })));
+    assert!(matches!(codec.decode_event(&good[..6]), Err(DecodeError::TruncatedHeader { len: 6, .. })));
 
     let mut unknown = good.clone();
     unknown[2] ^= 0xFF;
@@ -376,7 +376,15 @@ fn decode_errors_are_typed() {
 
     let verdict_bytes = codec.encode_verdict(&verdict()).unwrap();
     assert!(matches!(codec.decode_event(&verdict_bytes), Err(DecodeError::WrongSchema { .. })));
-    assert_eq!(codec.schemas().writer_for(&verdict_bytes, SchemaKind::Verdict).unwrap().0.file, "verdict.avsc");
+    assert_eq!(
+        codec
+            .schemas()
+            .writer_for(&verdict_bytes, SchemaKind::Verdict, reconciler::codec::InputFraming::Both)
+            .unwrap()
+            .0
+            .file,
+        "verdict.avsc"
+    );
 
     let mut empty_id = event(Body::Started { attempt: 1, worker: "w".into() }, Some(2));
     empty_id.event_id = " ".into();
@@ -792,4 +800,100 @@ proptest! {
         prop_assert_eq!(&fast, &codec.encode_command_generic(&c).unwrap());
         prop_assert_eq!(codec.decode_command(&fast).unwrap(), c);
     }
+}
+
+/// The Confluent framing of `body` (a single-object record's body) under
+/// registry id `id`.
+fn confluent(id: u32, single: &[u8]) -> Vec<u8> {
+    let mut v = reconciler::codec::framing::confluent_header(id).to_vec();
+    v.extend_from_slice(&single[reconciler::codec::HEADER_LEN..]);
+    v
+}
+
+/// `operation_event.avsc` changed by `edit` (its top-level JSON).
+fn event_schema_with(edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let mut json: serde_json::Value = serde_json::from_str(SchemaKind::OperationEvent.current_text()).unwrap();
+    edit(&mut json);
+    json.to_string()
+}
+
+#[test]
+fn a_confluent_record_of_a_registry_schema_decodes_like_its_single_object_twin() {
+    use reconciler::codec::{InputFraming, Learned};
+    let e = event(Body::Started { attempt: 2, worker: "w-9".into() }, Some(2));
+    let single = Codec::new().encode_event(&e).unwrap();
+    let framed = confluent(7, &single);
+    let codec = Codec::new().reading(InputFraming::Confluent);
+    // Not fetched yet: no guess.
+    assert!(matches!(codec.decode_event(&framed), Err(DecodeError::UnknownSchemaId { id: 7, .. })));
+    // The registry's copy of the current schema (minified, as registries
+    // answer) is the shipped schema itself.
+    let minified =
+        serde_json::from_str::<serde_json::Value>(SchemaKind::OperationEvent.current_text()).unwrap().to_string();
+    assert!(matches!(codec.schemas().learn(7, Ok(&minified)), Learned::Shipped(_)));
+    assert_eq!(codec.decode_event(&framed).unwrap(), e);
+    // Only what the topic is read in.
+    let e1 = codec.decode_event(&single).unwrap_err();
+    assert_eq!(e1.class(), "bad_magic");
+    assert!(e1.to_string().contains("expected 00 (Confluent schema-registry framing), found C3 01"), "{e1}");
+    let e2 = Codec::new().decode_event(&framed).unwrap_err();
+    assert!(e2.to_string().contains("expected C3 01 (Avro single-object encoding), found 00 00"), "{e2}");
+    let both = Codec::new().reading(InputFraming::Both);
+    both.schemas().learn(7, Ok(&minified));
+    assert_eq!(both.decode_event(&single).unwrap(), both.decode_event(&framed).unwrap());
+    assert!(matches!(codec.decode_event(&framed[..3]), Err(DecodeError::TruncatedHeader { len: 3, needs: 5, .. })));
+}
+
+#[test]
+fn a_newer_compatible_schema_resolves_and_an_incompatible_or_missing_one_is_a_typed_error() {
+    use reconciler::codec::{InputFraming, Learned};
+    let e = event(Body::Cancelled { reason: "gone".into() }, Some(3));
+    let single = Codec::new().encode_event(&e).unwrap();
+    let codec = Codec::new().reading(InputFraming::Confluent);
+    // A field added at the end with a default: the body gains its value
+    // (union branch 0, null: one zero byte).
+    let newer = event_schema_with(|s| {
+        s["fields"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"name": "trace_id", "type": ["null", "string"], "default": null}))
+    });
+    assert!(matches!(codec.schemas().learn(8, Ok(&newer)), Learned::Resolvable(_)));
+    let mut framed = confluent(8, &single);
+    framed.push(0);
+    assert_eq!(codec.decode_event(&framed).unwrap(), e);
+    // `producer` as a long cannot be read as the reconciler's string.
+    let incompatible = event_schema_with(|s| {
+        for f in s["fields"].as_array_mut().unwrap() {
+            if f["name"] == "producer" {
+                f["type"] = "long".into();
+            }
+        }
+    });
+    assert!(matches!(codec.schemas().learn(9, Ok(&incompatible)), Learned::Unusable(_)));
+    let err = codec.decode_event(&confluent(9, &single)).unwrap_err();
+    assert_eq!(err.class(), "incompatible_schema");
+    assert!(err.to_string().contains("schema id 9 cannot be read as reconciler.v1.OperationEvent"), "{err}");
+    // A verdict's schema under the input's id: the wrong record type.
+    codec.schemas().learn(10, Ok(SchemaKind::Verdict.current_text()));
+    assert!(matches!(codec.decode_event(&confluent(10, &single)), Err(DecodeError::WrongSchema { .. })));
+    // The registry has no such id.
+    codec.schemas().learn(11, Err("the registry has none (40403: Schema 11 not found.)".into()));
+    let err = codec.decode_event(&confluent(11, &single)).unwrap_err();
+    assert_eq!(err.class(), "unknown_schema_id");
+    assert!(err.to_string().contains("Schema 11 not found"), "{err}");
+}
+
+#[test]
+fn outputs_written_confluent_carry_their_registry_id_and_read_back() {
+    let codec = Codec::new().writing_confluent(SchemaKind::Verdict, 0x0102_0304);
+    let v = verdict();
+    let bytes = codec.encode_verdict(&v).unwrap();
+    assert_eq!(&bytes[..5], &[0, 1, 2, 3, 4]);
+    let single = Codec::new().encode_verdict(&v).unwrap();
+    assert_eq!(&bytes[5..], &single[reconciler::codec::HEADER_LEN..], "the same Avro body");
+    assert_eq!(codec.decode_verdict(&bytes).unwrap(), v);
+    // Kinds not registered are still single-object encoded.
+    let other = Codec::new().writing_confluent(SchemaKind::Anomaly, 5);
+    assert_eq!(&other.encode_verdict(&v).unwrap()[..2], &[0xC3, 0x01]);
 }

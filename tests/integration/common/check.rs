@@ -78,10 +78,22 @@ pub struct Reference {
     pub records: BTreeMap<i32, u64>,
 }
 
+/// The codec `cfg` configures (its schemas registered when it uses a
+/// schema registry), knowing every schema the records of `input` name.
+pub fn codec_for(cfg: &Config, input: &[Record]) -> Codec {
+    let (codec, fetcher, _) = reconciler::registry::codec(cfg).expect("the schema registry answers");
+    if let Some(f) = fetcher {
+        let never = std::sync::atomic::AtomicBool::new(false);
+        let values = input.iter().filter_map(|r| r.value.as_deref());
+        f.learn(&codec, values, &never, |e| panic!("the schema registry fails: {e}"), || ()).unwrap();
+    }
+    codec
+}
+
 /// Runs the pipeline's decode → apply → encode over `input` (the whole
 /// input topic) in partition order, as one uninterrupted instance would.
 pub fn reference(cfg: &Config, input: &[Record]) -> Reference {
-    let codec = Codec::new();
+    let codec = codec_for(cfg, input);
     let policy = cfg.policy();
     let keys = cfg.security.loaded();
     let mut sorted: Vec<&Record> = input.iter().collect();
@@ -142,7 +154,7 @@ fn id_of(codec: &Codec, cfg: &Config, topic: &str, value: &[u8], headers: &[(Str
 /// returns the figures.
 pub fn check(cfg: &Config, input: &[Record], outputs: &[Record], state_dirs: &[&Path]) -> Figures {
     let reference = reference(cfg, input);
-    let codec = Codec::new();
+    let codec = codec_for(cfg, input);
     let mut f = Figures { inputs: input.len(), outputs: outputs.len(), ..Figures::default() };
 
     // I2: same id, same bytes; then first occurrences per key, in order.
