@@ -136,6 +136,16 @@ fn temp(name: &str) -> PathBuf {
 /// (which decodes the input through the same registry); returns the
 /// verdict records.
 fn settle_and_check(cfg: &Config, running: Running) -> Vec<reconciler::records::Record> {
+    settle_and_check_with(cfg, || true, || drop(running.stop()))
+}
+
+/// [`settle_and_check`] of an instance that says when it is `ready` and
+/// is stopped by `stop`.
+fn settle_and_check_with(
+    cfg: &Config,
+    ready: impl FnMut() -> bool,
+    stop: impl FnOnce(),
+) -> Vec<reconciler::records::Record> {
     let input = read_all(cfg, &[&cfg.topics.events]);
     let expected = crate::common::check::reference(cfg, &input)
         .streams
@@ -143,8 +153,8 @@ fn settle_and_check(cfg: &Config, running: Running) -> Vec<reconciler::records::
         .filter(|((topic, _), _)| *topic == cfg.topics.verdicts)
         .map(|(_, v)| v.len())
         .sum::<usize>();
-    wait_settled(cfg, expected, Duration::from_secs(90), || true).unwrap();
-    running.stop();
+    wait_settled(cfg, expected, Duration::from_secs(90), ready).unwrap();
+    stop();
     let input = read_all(cfg, &[&cfg.topics.events]);
     let outputs = read_all(cfg, &output_topics(cfg));
     let figures = check(cfg, &input, &outputs, &[&cfg.state_dir]);
@@ -287,4 +297,61 @@ fn a_compatible_newer_schema_is_read_and_incompatible_unknown_or_unframed_record
         let original = input.iter().find(|r| (r.partition, r.offset) == (partition, offset)).unwrap();
         assert_eq!(d.value, original.value);
     }
+}
+
+/// A registry outage does not dead-letter good records: the instance
+/// (`reconciler run`, through a proxy the test cuts) meets records naming a
+/// schema id it has not fetched, waits with its input unmoved and says so
+/// on `/metrics`, and processes them once the registry answers again.
+#[test]
+fn input_waits_out_a_registry_outage_without_dead_letters_and_goes_on_when_it_answers() {
+    use crate::common::binary::Binary;
+    use crate::common::check::{committed, end_offsets};
+    use crate::common::proxy::Proxy;
+    let _serial = common::serial();
+    let url = registry_url();
+    let upstream = url.trim_start_matches("http://").split('/').next().unwrap().to_owned();
+    let proxy = Proxy::start(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), upstream.parse().unwrap());
+    let mut cfg = config("registry-outage", InputFraming::Confluent, Framing::Confluent);
+    cfg.schema_registry.url = url.replace(&upstream, &proxy.addr().to_string());
+    cfg.schema_registry.retry_backoff_max_ms = 1_000;
+    let dir = temp("registry-outage");
+    let bin = Binary::spawn(&cfg, &dir, "outage");
+    assert!(bin.wait_ready(Duration::from_secs(60)), "{}", bin.log_tail());
+
+    proxy.cut();
+    // A producer on a newer version of the event schema: an id the
+    // instance has not fetched.
+    let evolved = dir.join("evolved.avsc");
+    python(&["evolved-schema", "--out", evolved.to_str().unwrap()]);
+    events_file(&workload(), &dir.join("events.jsonl"));
+    produce(&cfg, &dir.join("events.jsonl"), Some(&evolved), None);
+    let waiting = common::wait_for(Duration::from_secs(60), || {
+        bin.metric("reconciler_schema_registry_waiting") == Some(1.0)
+            && bin.metric("reconciler_schema_registry_failures_total").unwrap_or(0.0) > 0.0
+    });
+    assert!(waiting, "the instance does not say it waits for the registry; log:\n{}", bin.log_tail());
+    let end = end_offsets(&cfg, &cfg.topics.events);
+    let before = committed(&cfg);
+    // Held a while: still nothing dead-lettered, judged or committed.
+    let held = common::wait_for(Duration::from_secs(5), || {
+        !read_all(&cfg, &[&cfg.topics.dlq]).is_empty() || committed(&cfg) != before
+    });
+    assert!(!held, "records moved during the outage");
+    assert!(read_all(&cfg, &[&cfg.topics.verdicts]).is_empty());
+    assert!(end.iter().any(|(p, e)| before.get(p).copied().unwrap_or(0) < *e), "{before:?} {end:?}");
+
+    proxy.restore();
+    let bin = std::cell::RefCell::new(Some(bin));
+    let verdicts = settle_and_check_with(
+        &cfg,
+        || bin.borrow().as_ref().unwrap().readyz().0 == 200,
+        || {
+            let b = bin.borrow_mut().take().unwrap();
+            assert_eq!(b.metric("reconciler_schema_registry_waiting"), Some(0.0));
+            b.stop();
+        },
+    );
+    assert!(!verdicts.is_empty());
+    assert!(read_all(&cfg, &[&cfg.topics.dlq]).is_empty(), "a good record was dead-lettered for the outage");
 }
