@@ -47,6 +47,9 @@ pub enum OperatorError {
     /// The replay's pipeline failed.
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    /// The schema registry could not be asked for a schema a record names.
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
     /// The outbox (PostgreSQL) failed or refused the request.
     #[error(transparent)]
     Outbox(#[from] crate::outbox::OutboxError),

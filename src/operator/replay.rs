@@ -25,7 +25,6 @@ use serde::Serialize;
 
 use super::digest::{state_digest, StateDigest};
 use super::OperatorError;
-use crate::codec::Codec;
 use crate::config::{Config, Topics};
 use crate::kafka::reader::{read_to_end, watermarks};
 use crate::pipeline::{Pipeline, Stats};
@@ -241,9 +240,10 @@ pub fn replay(
 
 /// Verdicts by id (the last copy of an id re-published at least once).
 fn verdicts_by_id(cfg: &Config, topic: &str) -> Result<BTreeMap<String, Vec<u8>>, OperatorError> {
-    let codec = Codec::new();
+    let records = read_to_end(&cfg.kafka, topic, Duration::from_secs(120))?;
+    let codec = crate::registry::reader_for(cfg, records.iter().filter_map(|r| r.value.as_deref()))?;
     let mut out = BTreeMap::new();
-    for r in read_to_end(&cfg.kafka, topic, Duration::from_secs(120))? {
+    for r in records {
         let Some(v) = r.value else { continue };
         match codec.decode_verdict(&v) {
             Ok(verdict) => {

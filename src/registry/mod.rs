@@ -81,6 +81,32 @@ pub fn codec(cfg: &Config) -> Result<(Codec, Option<SchemaFetcher>, Vec<Register
     Ok((codec, fetcher, registered))
 }
 
+/// A codec that reads records of either framing, knowing every schema the
+/// Confluent-framed `values` name, fetched from `cfg`'s registry if one is
+/// configured: for the tools that read what any configuration wrote (an
+/// id the registry does not have stays unknown, and its record does not
+/// decode, saying so). An outage is an error here: a tool does not wait.
+pub fn reader_for<'v>(cfg: &Config, values: impl IntoIterator<Item = &'v [u8]>) -> Result<Codec, RegistryError> {
+    let codec = Codec::new().reading(crate::codec::InputFraming::Both);
+    if cfg.schema_registry.url.trim().is_empty() {
+        return Ok(codec);
+    }
+    let client = RegistryClient::new(&cfg.schema_registry)?;
+    let mut ids: Vec<u32> = values.into_iter().filter_map(confluent_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
+        match client.schema_by_id(id) {
+            Ok(text) => codec.schemas().learn(id, Ok(&text)),
+            Err(RegistryError::NotFound { code, message }) => {
+                codec.schemas().learn(id, Err(format!("the registry at {} has none ({code}: {message})", client.url())))
+            }
+            Err(e) => return Err(e),
+        };
+    }
+    Ok(codec)
+}
+
 /// Fetches the schemas input records name by id.
 #[derive(Debug)]
 pub struct SchemaFetcher {
