@@ -197,9 +197,11 @@ launch_kafka() {
              --add-scram "SCRAM-SHA-256=[name=${BROKER_SCRAM_USER:-reconciler},password=${BROKER_SCRAM_PASSWORD:-reconciler-scram-secret}]")
     fi
     # A cluster id of this directory's own (22 characters of base64url).
+    # Given as --cluster-id=ID: an id that starts with "-" would read as an
+    # option after a separate -t.
     local id
     id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | cut -c1-22)
-    if ! (kafka_java "$dir" kafka.tools.StorageTool format -t "$id" -c "$dir/server.properties" \
+    if ! (kafka_java "$dir" kafka.tools.StorageTool format --cluster-id="$id" -c "$dir/server.properties" \
         "${scram[@]}") >"$dir/format.log" 2>&1; then
       echo "formatting Apache Kafka's storage failed ($dir/format.log):" >&2
       tail -20 "$dir/format.log" >&2

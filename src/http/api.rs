@@ -11,7 +11,6 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{auth, AppState};
-use crate::codec::Codec;
 use crate::kafka::producer::Publisher;
 use crate::operator::commands::parse_position;
 use crate::operator::dlq::{self, DlqFilter};
@@ -266,7 +265,7 @@ pub(super) async fn resolve(
         }
         let publisher = slot.as_ref().expect("set above");
         let keys = s.cfg.security.keys().map_err(OperatorError::from)?;
-        operator::resolve::publish(publisher, &Codec::new(), &keys, &s.cfg.topics.events, &prepared)?;
+        operator::resolve::publish(publisher, &s.codec, &keys, &s.cfg.topics.events, &prepared)?;
         Ok(serde_json::json!({
             "published": true,
             "operation_id": prepared.event.operation_id,

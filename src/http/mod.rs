@@ -69,6 +69,9 @@ pub struct AppState {
     pub clock: Clock,
     /// Publishes decisions to the input topic; created on first use.
     pub decisions: Arc<Mutex<Option<Publisher>>>,
+    /// The pipeline's codec: decisions are written in the framing its
+    /// input is read in.
+    pub codec: crate::codec::Codec,
     /// The partitions the pipeline owns now: the API answers for those
     /// only, never for what the store still holds of partitions that moved
     /// away. `None`: no pipeline beside (everything the store holds).
@@ -107,6 +110,7 @@ impl AppState {
             cfg: Arc::new(cfg),
             clock,
             decisions: Arc::new(Mutex::new(None)),
+            codec: pipeline.codec().clone(),
             owned: Some(pipeline.ownership()),
             claims: pipeline.claims(),
             fleet: Arc::new(OnceLock::new()),

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::clock::now_ms;
-use crate::codec::{Codec, EncodeError};
+use crate::codec::EncodeError;
 use crate::config::Config;
 use crate::kafka::producer::{Publisher, Ticket};
 use crate::kafka::KafkaError;
@@ -64,6 +64,10 @@ pub enum LoadgenError {
     /// The configuration cannot sign the decisions the workload simulates.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// The schema registry refused or could not be asked (the Confluent
+    /// framing).
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
 }
 
 /// Event time stamped on the workload.
@@ -157,6 +161,7 @@ impl Workload {
         o.confirm_within_ms = self.confirm_within_ms;
         o.reorder_window_ms = cfg.time.reorder_window_ms;
         o.policy = cfg.policy();
+        o.input = cfg.codec.input;
         if self.event_time == EventTime::Now {
             o.start_ms = now_ms;
             o.step_ms = 0;
@@ -245,7 +250,9 @@ pub fn publish(
     const CHUNK: usize = 10_000;
     /// Paced chunks sent and not yet acknowledged, at most.
     const MAX_UNACKNOWLEDGED: usize = 256;
-    let codec = Codec::new();
+    // Written in the framing the input is read in.
+    let (codec, _, _) = crate::registry::codec(cfg)?;
+    gen.set_codec(codec.clone());
     // The workload's operator decisions are signed as `resolve` signs
     // them: the reconciler applies them only then (issue 18).
     let keys = cfg.security.keys()?;

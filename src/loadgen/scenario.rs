@@ -292,6 +292,9 @@ pub struct Options {
     /// The reconciler's policy the truth is built for: follow-up windows
     /// and requeue limits (SPEC §11).
     pub policy: crate::core::Policy,
+    /// The framings the reconciler reads its input in: which dead-letter
+    /// class each undecodable record the workload plants gets.
+    pub input: crate::codec::InputFraming,
 }
 
 impl Options {
@@ -313,6 +316,7 @@ impl Options {
             faults: Faults::default(),
             keep_verdicts: true,
             policy: crate::core::Policy::default(),
+            input: crate::codec::InputFraming::SingleObject,
         }
     }
 }
@@ -516,6 +520,13 @@ impl OpBuilder<'_> {
 }
 
 impl Generator {
+    /// Encodes the events it plants whole with `codec` (the framing and
+    /// schema ids the reconciler reads its input in); the default reads
+    /// and writes single-object encoding.
+    pub fn set_codec(&mut self, codec: crate::codec::Codec) {
+        self.codec = codec;
+    }
+
     /// A generator of the workload `opts` describes; iterate it for the
     /// records.
     pub fn new(opts: Options) -> Generator {
@@ -532,7 +543,7 @@ impl Generator {
         );
         Generator {
             rng: Rng::new(opts.seed),
-            codec: crate::codec::Codec::new(),
+            codec: crate::codec::Codec::new().reading(opts.input),
             retired: HashSet::new(),
             extra_entities: 0,
             versions: HashMap::new(),
@@ -948,8 +959,14 @@ impl Generator {
                 Body::Cancelled { reason: "x".into() },
             )
         };
+        // Where the input is read in the Confluent framing, a first byte 00
+        // names a schema id (one no registry has), and C3 is no framing.
+        let confluent = self.opts.input != crate::codec::InputFraming::SingleObject;
+        let single_object = self.opts.input != crate::codec::InputFraming::Confluent;
         let (value, class) = match self.rng.below(6) {
-            0 => (Some(b"\x00\x01 not avro at all".to_vec()), "bad_magic"),
+            0 => {
+                (Some(b"\x00\x01 not avro at all".to_vec()), if confluent { "unknown_schema_id" } else { "bad_magic" })
+            }
             1 => (None, "null_value"),
             2 => (Some(br#"{"event_id":"json-1","body":"Requested"}"#.to_vec()), "bad_magic"),
             3 => {
@@ -961,7 +978,7 @@ impl Generator {
                 let mut bytes = vec![0xC3, 0x01];
                 bytes.extend_from_slice(&0x0123_4567_89ab_cdefu64.to_le_bytes());
                 bytes.extend_from_slice(b"\x02xx");
-                (Some(bytes), "unknown_fingerprint")
+                (Some(bytes), if single_object { "unknown_fingerprint" } else { "bad_magic" })
             }
             _ => {
                 let e = valid(&String::from_utf8_lossy(&key));

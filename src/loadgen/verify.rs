@@ -11,7 +11,6 @@ use crate::codec::Codec;
 use crate::config::Config;
 use crate::core::{Action, Outcome};
 use crate::kafka::reader::TopicReader;
-use crate::kafka::KafkaError;
 use crate::operator::audit::{self, Untimed};
 use crate::operator::{commands, OperatorError};
 use crate::records::{headers, Record};
@@ -142,7 +141,12 @@ impl Tally {
 
 /// Reads the output topics until everything the truth expects has arrived
 /// (then `settle` longer, to catch extras) or `timeout` passes, and compares.
-pub fn verify(cfg: &Config, truth: &GroundTruth, timeout: Duration, settle: Duration) -> Result<Report, KafkaError> {
+pub fn verify(
+    cfg: &Config,
+    truth: &GroundTruth,
+    timeout: Duration,
+    settle: Duration,
+) -> Result<Report, super::LoadgenError> {
     let t = &cfg.topics;
     let mut reader = TopicReader::new(&cfg.kafka, &[&t.verdicts, &t.anomalies, &t.dlq], t.partitions)?;
     let mut tally = Tally::default();
@@ -155,14 +159,20 @@ pub fn verify(cfg: &Config, truth: &GroundTruth, timeout: Duration, settle: Dura
     });
     let quiet_until = Instant::now() + settle;
     reader.read_until(settle, |_| Instant::now() >= quiet_until);
-    Ok(compare(cfg, truth, &reader.records, complete))
+    let codec = crate::registry::reader_for(cfg, reader.records.iter().filter_map(|r| r.value.as_deref()))?;
+    Ok(compare_with(&codec, cfg, truth, &reader.records, complete))
 }
 
 /// Compares output records (any order across partitions, topic order within
 /// one) with the truth.
 pub fn compare(cfg: &Config, truth: &GroundTruth, records: &[Record], complete: bool) -> Report {
+    compare_with(&Codec::new(), cfg, truth, records, complete)
+}
+
+/// [`compare`], decoding the outputs with `codec` (one that knows the
+/// schema ids Confluent-framed outputs name).
+pub fn compare_with(codec: &Codec, cfg: &Config, truth: &GroundTruth, records: &[Record], complete: bool) -> Report {
     let t = &cfg.topics;
-    let codec = Codec::new();
     let mut report = Report { complete, verdicts_expected: truth.verdict_count, ..Report::default() };
     let mut actual: HashMap<String, Vec<Seen>> = HashMap::new();
     let mut seen_ids = HashSet::new();

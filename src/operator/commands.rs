@@ -14,7 +14,6 @@ use super::resolve::{self, ResolveRequest};
 use super::review::ReviewFilter;
 use super::{explain, render, review, OperatorError};
 use crate::clock::system_clock;
-use crate::codec::Codec;
 use crate::config::Config;
 use crate::kafka::producer::Publisher;
 use crate::store::Store;
@@ -91,7 +90,9 @@ pub fn resolve_cmd(cfg: &Config, req: &ResolveRequest, as_json: bool) -> Result<
     drop(view);
     let keys = cfg.security.keys()?;
     let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
-    resolve::publish(&publisher, &Codec::new(), &keys, &cfg.topics.events, &prepared)?;
+    // Written in the framing the input is read in.
+    let (codec, _, _) = crate::registry::codec(cfg)?;
+    resolve::publish(&publisher, &codec, &keys, &cfg.topics.events, &prepared)?;
     Ok(if as_json {
         json(&prepared)
     } else {

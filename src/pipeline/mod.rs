@@ -634,6 +634,12 @@ impl Pipeline {
         }
     }
 
+    /// The codec records are read and written with (the framings of
+    /// `[codec]`, the schema ids registered at start).
+    pub fn codec(&self) -> &Codec {
+        &self.codec
+    }
+
     /// Fetches the schemas the batch's Confluent-framed records name that
     /// the codec does not know yet, waiting out a registry outage (the
     /// records are not dead-lettered for it).

@@ -65,6 +65,10 @@ pub enum WorkerError {
     /// An answer could not be encoded (a bug: the event is built here).
     #[error("encoding an answer: {0}")]
     Encode(#[from] crate::codec::EncodeError),
+    /// The schema registry refused or could not be asked (the Confluent
+    /// framing).
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
 }
 
 impl WorkerError {
@@ -74,6 +78,8 @@ impl WorkerError {
             WorkerError::Kafka(e) => e.retriable(),
             WorkerError::Ledger(_) | WorkerError::Runtime(_) => true,
             WorkerError::Config(_) | WorkerError::Encode(_) => false,
+            // An outage may pass; a refused schema or credential does not.
+            WorkerError::Registry(e) => e.is_outage(),
         }
     }
 }
@@ -198,16 +204,10 @@ impl ProbeWorker {
             .map_err(WorkerError::Runtime)?;
         let metrics = Arc::new(ProbeMetrics::new(registry, cfg.destinations.keys().cloned()));
         let redactor = cfg.policy().redactor;
-        Ok(ProbeWorker {
-            cfg,
-            codec: Codec::new(),
-            redactor,
-            keys,
-            ledger,
-            destinations: Arc::new(destinations),
-            metrics,
-            runtime,
-        })
+        // Commands are read, and answers written to the input, in the
+        // framings of `[codec]`.
+        let (codec, _, _) = crate::registry::codec(&cfg)?;
+        Ok(ProbeWorker { cfg, codec, redactor, keys, ledger, destinations: Arc::new(destinations), metrics, runtime })
     }
 
     /// The worker's metrics.
@@ -267,7 +267,7 @@ impl ProbeWorker {
         let max_in_flight = cfg.probe.max_in_flight;
         let (tx, rx) = channel::<Done>();
         let settler = Arc::new(Settler {
-            codec: Codec::new(),
+            codec: self.codec.clone(),
             events: cfg.topics.events.clone(),
             commands: cfg.topics.commands.clone(),
             redactor: self.redactor.clone(),

@@ -44,10 +44,20 @@ fn loadgen_run_verify_agrees_on_the_broker() {
 #[test]
 fn loadgen_with_probes_verify_agrees_on_the_broker() {
     let _serial = common::serial();
-    let mut cfg = common::config("loadgen-probed");
+    let ops = std::env::var("LOADGEN_PROBED_TEST_OPERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
+    probed_workload_agrees(common::config("loadgen-probed"), ops, Faults { probed: 0.2, ..Faults::default() });
+}
+
+/// A workload of `ops` operations with `faults` (some probed) through
+/// `cfg`'s pipeline, probe worker and the loadgen destination: `loadgen
+/// verify` agrees. Returns the ground truth.
+pub fn probed_workload_agrees(
+    mut cfg: reconciler::config::Config,
+    ops: u64,
+    faults: Faults,
+) -> reconciler::loadgen::GroundTruth {
     let t = &cfg.topics;
     reconciler::kafka::admin::ensure_topics(&cfg.kafka, &t.all(), t.partitions, 1).unwrap();
-    let ops = std::env::var("LOADGEN_PROBED_TEST_OPERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
     let workload = Workload {
         operations: ops,
         entities: None,
@@ -57,7 +67,7 @@ fn loadgen_with_probes_verify_agrees_on_the_broker() {
         confirm_within_ms: 3_000,
         truth: None,
         quiet: true,
-        faults: Faults { probed: 0.2, ..Faults::default() },
+        faults,
     };
     let o = workload.options(&cfg, (system_clock())()).unwrap();
     // The destination serves what the truth says it holds: a dry pass of
@@ -89,4 +99,5 @@ fn loadgen_with_probes_verify_agrees_on_the_broker() {
     assert!(report.complete && report.agrees(), "{}", report.render());
     assert!(probed > 0 && server.total_queries() >= probed);
     assert!(untimed.is_empty(), "open without a timer: {untimed:?}");
+    truth
 }
