@@ -194,9 +194,14 @@ impl RegistryClient {
     }
 }
 
+/// What a path segment must escape: everything but RFC 3986's unreserved
+/// characters (subjects are often `<topic>-value`, topics dotted).
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 /// A subject as one path segment.
 fn encode(subject: &str) -> String {
-    percent_encoding::utf8_percent_encode(subject, percent_encoding::NON_ALPHANUMERIC).to_string()
+    percent_encoding::utf8_percent_encode(subject, SEGMENT).to_string()
 }
 
 /// An error with its causes (reqwest's own message hides the transport's).
@@ -214,4 +219,104 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// The start of a body, for an error message.
 fn excerpt(text: &str) -> String {
     text.chars().take(300).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// Answers each request on a local port with the next of `answers`
+    /// (status, body) and hands back what each request was (request line,
+    /// headers in lower case, body).
+    fn server(answers: Vec<(u16, &'static str)>) -> (String, std::thread::JoinHandle<Vec<String>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let handle = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for (status, body) in answers {
+                let (stream, _) = listener.accept().unwrap();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut request = String::new();
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                    request.push_str(&line.to_ascii_lowercase());
+                }
+                let mut content = vec![0; length];
+                reader.read_exact(&mut content).unwrap();
+                request.push_str(&String::from_utf8(content).unwrap());
+                seen.push(request);
+                let mut stream = stream;
+                write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/vnd.schemaregistry.v1+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+            }
+            seen
+        });
+        (url, handle)
+    }
+
+    fn client(url: &str, edit: impl FnOnce(&mut SchemaRegistryConfig)) -> RegistryClient {
+        let mut cfg = SchemaRegistryConfig { url: url.to_owned(), timeout_ms: 5_000, ..Default::default() };
+        edit(&mut cfg);
+        RegistryClient::new(&cfg).unwrap()
+    }
+
+    #[test]
+    fn basic_auth_from_the_environment_goes_with_every_call_and_answers_are_typed() {
+        std::env::set_var("RECONCILER_TEST_REGISTRY_USER", "ana");
+        std::env::set_var("RECONCILER_TEST_REGISTRY_PASSWORD", "s3cret");
+        let (url, seen) = server(vec![
+            (200, r#"{"schema":"\"string\""}"#),
+            (200, r#"{"id":42}"#),
+            (404, r#"{"error_code":40403,"message":"Schema 7 not found."}"#),
+            (409, r#"{"error_code":409,"message":"Incompatible artifact"}"#),
+            (401, r#"{"error_code":401,"message":"Unauthorized"}"#),
+            (503, "down for maintenance"),
+        ]);
+        let c = client(&url, |c| {
+            c.username_env = "RECONCILER_TEST_REGISTRY_USER".into();
+            c.password_env = "RECONCILER_TEST_REGISTRY_PASSWORD".into();
+        });
+        assert_eq!(c.schema_by_id(1).unwrap(), "\"string\"");
+        assert_eq!(c.register("ops.verdicts-value", "{}").unwrap(), 42);
+        assert!(matches!(c.schema_by_id(7), Err(RegistryError::NotFound { code: 40403, .. })));
+        let e = c.register("a/b", "{}").unwrap_err();
+        assert!(matches!(&e, RegistryError::Incompatible { subject, .. } if subject == "a/b"), "{e}");
+        let e = c.schema_by_id(2).unwrap_err();
+        assert!(matches!(e, RegistryError::Refused { status: 401, .. }) && !e.is_outage());
+        assert!(c.schema_by_id(3).unwrap_err().is_outage());
+        let seen = seen.join().unwrap();
+        // "ana:s3cret" in base64.
+        assert!(seen.iter().all(|r| r.contains("authorization: basic yw5honmzy3jlda==")), "{seen:#?}");
+        assert!(seen[0].starts_with("get /schemas/ids/1 "), "{}", seen[0]);
+        assert!(seen[1].starts_with("post /subjects/ops.verdicts-value/versions "), "{}", seen[1]);
+        assert!(seen[1].ends_with(r#"{"schema":"{}"}"#), "{}", seen[1]);
+        assert!(seen[3].starts_with("post /subjects/a%2fb/versions "), "the subject is one path segment: {}", seen[3]);
+    }
+
+    #[test]
+    fn a_bearer_token_goes_as_such_and_an_unreachable_registry_is_an_outage() {
+        std::env::set_var("RECONCILER_TEST_REGISTRY_TOKEN", "t0ken");
+        let (url, seen) = server(vec![(200, r#"{"subject":"s","version":1,"id":5,"schema":"{}"}"#)]);
+        let c = client(&url, |c| c.token_env = "RECONCILER_TEST_REGISTRY_TOKEN".into());
+        assert_eq!(c.lookup("s", "{}").unwrap(), Some(5));
+        assert!(seen.join().unwrap()[0].contains("authorization: bearer t0ken"));
+        // Nothing listens there any more.
+        let e = client(&url, |_| ()).schema_by_id(1).unwrap_err();
+        assert!(e.is_outage(), "{e}");
+    }
 }
