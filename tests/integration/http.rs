@@ -903,7 +903,15 @@ fn run_serves_http_from_its_config_and_logs_json_lines_that_name_the_operation()
         let (_, text) = request(addr, "GET", "/metrics", &[], "");
         Samples::parse(&text).sum("reconciler_events_total", &[]) >= total
     });
-    assert_eq!(request(addr, "GET", "/readyz", &[], "").0, 200);
+    // Ready once the workload is applied: readiness is published by the
+    // run loop and the broker watch, so it is polled, and what it last
+    // said is kept for the failure message.
+    let mut readyz = (0, String::new());
+    let ready = wait_for(Duration::from_secs(30), || {
+        readyz = request(addr, "GET", "/readyz", &[], "");
+        readyz.0 == 200
+    });
+    assert!(ready, "/readyz: {readyz:?}");
     // The token came from RECONCILER_HTTP__TOKEN: accepted (then 404).
     let auth = format!("Bearer {TOKEN}");
     let body = r#"{"decision":"CLOSE","actor":"a","note":"n"}"#;
