@@ -92,19 +92,33 @@ pub fn reader_for<'v>(cfg: &Config, values: impl IntoIterator<Item = &'v [u8]>) 
         return Ok(codec);
     }
     let client = RegistryClient::new(&cfg.schema_registry)?;
-    let mut ids: Vec<u32> = values.into_iter().filter_map(confluent_id).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    for id in ids {
-        match client.schema_by_id(id) {
-            Ok(text) => codec.schemas().learn(id, Ok(&text)),
-            Err(RegistryError::NotFound { code, message }) => {
-                codec.schemas().learn(id, Err(format!("the registry at {} has none ({code}: {message})", client.url())))
-            }
-            Err(e) => return Err(e),
-        };
+    for id in unknown_ids(&codec, values) {
+        let answer = ask(&client, id)?;
+        codec.schemas().learn(id, answer.as_deref().map_err(Clone::clone));
     }
     Ok(codec)
+}
+
+/// The distinct schema ids the Confluent-framed `values` name that `codec`
+/// does not know yet, in order.
+fn unknown_ids<'v>(codec: &Codec, values: impl IntoIterator<Item = &'v [u8]>) -> Vec<u32> {
+    let mut ids: Vec<u32> =
+        values.into_iter().filter_map(confluent_id).filter(|id| codec.schemas().needs(*id)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The registry's answer for schema `id`: its text, or why it has none
+/// (an answer too); `Err` when it could not be asked.
+fn ask(client: &RegistryClient, id: u32) -> Result<Result<String, String>, RegistryError> {
+    match client.schema_by_id(id) {
+        Ok(text) => Ok(Ok(text)),
+        Err(RegistryError::NotFound { code, message }) => {
+            Ok(Err(format!("the registry at {} has none ({code}: {message})", client.url())))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Fetches the schemas input records name by id.
@@ -140,19 +154,13 @@ impl SchemaFetcher {
         mut on_failure: impl FnMut(&RegistryError),
         mut on_answer: impl FnMut(),
     ) -> Result<Vec<(u32, Learned)>, Stopped> {
-        let mut ids: Vec<u32> =
-            values.into_iter().filter_map(confluent_id).filter(|id| codec.schemas().needs(*id)).collect();
-        ids.sort_unstable();
-        ids.dedup();
+        let ids = unknown_ids(codec, values);
         let mut learnt = Vec::with_capacity(ids.len());
         for id in ids {
             let mut attempt = 0;
             let answer = loop {
-                match self.client.schema_by_id(id) {
-                    Ok(text) => break Ok(text),
-                    Err(RegistryError::NotFound { code, message }) => {
-                        break Err(format!("the registry at {} has none ({code}: {message})", self.client.url()))
-                    }
+                match ask(&self.client, id) {
+                    Ok(answer) => break answer,
                     Err(e) => {
                         on_failure(&e);
                         attempt += 1;
