@@ -244,7 +244,7 @@ fn replay(c: &mut Criterion) {
     g.finish();
 }
 
-/// Issue 18: what checking a control event's signature costs, per event,
+/// What checking a control event's signature costs, per event,
 /// against decoding it. Only control events (timers, decisions, probe
 /// failures) are checked; every lifecycle event is decoded.
 fn signature(c: &mut Criterion) {

@@ -1,4 +1,4 @@
-//! The end-to-end harness (issue 5): in one run against one broker,
+//! The end-to-end harness: in one run against one broker,
 //!
 //! 1. preloads a fault-injected loadgen workload (≥ 1M records by default)
 //!    into a fresh input topic and writes its ground truth;
@@ -19,15 +19,15 @@
 //! RECONCILER_LOG=warn,reconciler::pipeline=debug,reconciler::pipeline::apply=info
 //! times every batch.
 //!
-//!   scripts/bench-e2e.sh            (builds, starts a memory broker, runs this)
+//!   scripts/bench-e2e.sh            (builds, starts Apache Kafka, runs this)
 //!   KAFKA_BROKERS=127.0.0.1:9092 E2E_OPERATIONS=300000 cargo bench --bench e2e
 //!
 //! Other knobs: E2E_PARTITIONS (6), E2E_LATENCY_SECS (20, 0 skips),
 //! E2E_SKIP_VERIFY=1, E2E_BIN (default: target/release/reconciler),
 //! E2E_EXACTLY_ONCE=1: after step 2, the pipeline again over the same input
 //! with `guarantee = "exactly_once"` (own group, state and output topics),
-//! and the ratio of the two (needs a broker with transactions:
-//! `scripts/bench-e2e.sh noida`). E2E_CHANGELOG=false: no state changelog
+//! and the ratio of the two (needs a broker with transactions, as Apache
+//! Kafka has). E2E_CHANGELOG=false: no state changelog
 //! (what the changelog costs). E2E_KAFKA="key=value,...": more `[kafka]`
 //! settings for every instance of the run (experiments).
 //! E2E_LATENCY_RATE=<records/s>: the latency step's rate (default half the
@@ -153,7 +153,7 @@ fn config_with(
     }
     cfg.consumer.group_id = format!("{prefix}.group");
     // Timers and the workload's decisions signed and checked, as in
-    // production (issue 18).
+    // production.
     cfg.security.control_keys = vec![BENCH_CONTROL_KEY.into()];
     let dir = std::env::temp_dir().join(prefix);
     std::fs::create_dir_all(&dir).unwrap();
@@ -445,7 +445,7 @@ fn main() {
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&run_id));
 }
 
-/// Each target of issue 20 next to this run's figure, so that a regression
+/// Each performance target next to this run's figure, so that a regression
 /// shows at a glance (`cargo bench --bench rebuild` measures the rebuild).
 fn print_targets(pipeline: &Measured, base: &Measured, step: Option<Step>) {
     let row = |what: &str, target: &str, measured: String, met: bool| {

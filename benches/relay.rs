@@ -1,5 +1,5 @@
 //! The outbox relay's throughput against a real broker and a throw-away
-//! PostgreSQL cluster (issue 19): RELAY_ROWS outbox rows (100,000 by
+//! PostgreSQL cluster: RELAY_ROWS outbox rows (100,000 by
 //! default; RELAY_ENTITIES entities, 10,000) are committed first, then
 //! the release binary's `reconciler relay` publishes them, once with one
 //! relay and once with three at once (each run on a topic of its own, the

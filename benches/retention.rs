@@ -1,4 +1,4 @@
-//! Bounded state (SPEC §9, §11): at a steady input rate, with event time
+//! Bounded state: at a steady input rate, with event time
 //! advancing, the store stops growing.
 //!
 //! Streams a loadgen workload (RETENTION_OPERATIONS, default 2,000,000, at

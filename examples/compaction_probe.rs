@@ -1,7 +1,8 @@
 //! Minimal reproduction: does a broker compact a `cleanup.policy=compact`
-//! topic, and does it remove tombstones? Issue 17's restore goal depends on
-//! it (a compacted changelog holds the live keys only), and neither local
-//! broker is Apache Kafka, so this finds out over the Kafka protocol only.
+//! topic, and does it remove tombstones? Restoring a partition from its
+//! changelog depends on it (a compacted changelog holds the live keys
+//! only), and not every Kafka-protocol broker compacts, so this finds out
+//! over the Kafka protocol only.
 //!
 //! ```sh
 //! cargo run --release --example compaction_probe -- 127.0.0.1:19092 660

@@ -6,8 +6,8 @@
 #   BROKER_RATE=30000 scripts/bench-broker.sh
 #   BROKER_RATE=15000 scripts/bench-broker.sh noida    # another broker (scripts/broker.sh engines)
 #
-# Two rounds on a fresh broker each: loadgen publishes the 300,000-operation
-# workload (1,072,283 records) at BROKER_RATE; in the second round
+# Two runs on a fresh broker each: loadgen publishes the 300,000-operation
+# workload (1,072,283 records) at BROKER_RATE; in the second run
 # `loadgen passthrough` follows the topic as the pipeline does (its
 # consumer settings; it waits for the topic if it starts first) and
 # produces each record again to bench.broker.copy, a second produce stream
@@ -23,7 +23,7 @@ bench_start broker "$engine"
 bench_kafka_toml broker > "$work/reconciler.toml"
 hz=$(getconf CLK_TCK)
 
-round() {
+run_once() {
   local follow=$1 pid_broker publisher copier prev now t=0
   pid_broker=$(scripts/broker.sh pid)
   broker_ticks() { awk '{print $14 + $15}' "/proc/$pid_broker/stat"; }
@@ -53,8 +53,8 @@ round() {
 }
 
 echo "$engine broker, $rate records/s, publishing only:"
-round no
+run_once no
 scripts/broker.sh stop > /dev/null
 scripts/broker.sh start "$engine" > /dev/null
 echo "$engine broker, $rate records/s, a copy (consume, produce again) following the topic:"
-round yes
+run_once yes

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Failover benchmark (issue 17): two instances A and S share the
+# Failover benchmark: two instances A and S share the
 # partitions of a workload; A stops; how long until S owns every partition
 # and is ready (/readyz: all owned partitions restored and caught up). In
 # one run, on the same broker, three ways S can get A's partitions:

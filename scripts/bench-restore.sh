@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Restore benchmark (issue 17): how long a new instance (empty state
+# Restore benchmark: how long a new instance (empty state
 # directory) takes to be ready on partitions whose state another instance
 # built, restoring from the changelog vs replaying the input, on the same
 # broker and the same log, in one run.

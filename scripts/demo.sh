@@ -35,7 +35,7 @@ else
   scripts/broker.sh install "$broker"
 fi
 
-step "Building reconciler (a fresh 2-core machine: about 19 minutes, most of it RocksDB and librdkafka; then seconds)"
+step "Building reconciler (a fresh 2-core machine: about 15 minutes, most of it RocksDB and librdkafka; then seconds)"
 cargo build --release --locked --bin reconciler
 
 export BROKER_PORT=${BROKER_PORT:-9092}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The probed loadgen workload through `reconciler run` with the probe worker
-# enabled, against the loadgen destination, then `loadgen verify` (issue 15;
-# BENCHMARKS.md, "The probe worker"). Needs a broker on $KAFKA_BROKERS and
+# enabled, against the loadgen destination, then `loadgen verify`
+# (BENCHMARKS.md, "The probe worker"). Needs a broker on $KAFKA_BROKERS and
 # the release binary (cargo build --release).
 #
 #   KAFKA_BROKERS=127.0.0.1:9092 OPS=50000 RATE=2000 CONFIRM=30000 scripts/loadgen-probed.sh
@@ -9,7 +9,7 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${KAFKA_BROKERS:-127.0.0.1:9092}
 BIN=${BIN:-$ROOT/target/release/reconciler}
-P=probed-$(date +%s); D=$(mktemp -d); DEST_PORT=${DEST_PORT:-19466}; HTTP_PORT=${HTTP_PORT:-19464}
+P=probed-$(date +%s); D=$(mktemp -d); DEST_PORT=${DEST_PORT:-19467}; HTTP_PORT=${HTTP_PORT:-19464}
 cat > "$D/r.toml" <<EOF
 state_dir = "$D/state"
 [topics]

@@ -46,7 +46,7 @@ if [ "$mode" = "--tests" ]; then
   fi
   # promtool (Debian's prometheus package) checks the alert rules; the
   # panel's browser test drives Debian's Chromium through playwright-core;
-  # Node.js also reads the deployment files' YAML (tests/deploy.rs).
+  # Node.js also reads the deployment files' YAML (tests/integration/deploy.rs).
   missing=()
   # PostgreSQL: the probe worker's postgres destination is tested against a
   # throw-away cluster (initdb, pg_ctl) the tests start on a private port.

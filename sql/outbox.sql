@@ -1,4 +1,4 @@
--- The transactional outbox of reconciler (issue 19, seed 003).
+-- The transactional outbox of reconciler.
 --
 -- A service writes each lifecycle event of an operation into this table in
 -- the same transaction that changes its own data; `reconciler relay`

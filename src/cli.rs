@@ -40,6 +40,16 @@ const EXAMPLES: &str = "Examples:
 
 Every subcommand has its own --help with an example.";
 
+/// The reference pages `reconciler reference` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReferencePage {
+    /// Every configuration key (docs/configuration.md).
+    Config,
+    /// Every metric of the pipeline, the probe worker and the relay
+    /// (docs/metrics.md).
+    Metrics,
+}
+
 /// How log lines are written to stderr (`--log-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -95,6 +105,16 @@ pub enum Command {
     ///
     /// Example: RECONCILER_CONSUMER__GROUP_ID=recon-eu reconciler config --config reconciler.toml
     Config,
+    /// Print a reference page of this binary as Markdown: every
+    /// configuration key with its type, default, environment variable and
+    /// meaning, or every metric with its type, labels and meaning.
+    ///
+    /// Example: reconciler reference config > configuration.md
+    Reference {
+        /// Which reference to print.
+        #[arg(value_enum)]
+        page: ReferencePage,
+    },
     /// Publish a workload with every kind of fault to a local broker, run the
     /// pipeline until the verdicts settle, print a summary, then keep the
     /// pipeline and its exception panel (`[http] bind`) up until Ctrl-C.
@@ -331,7 +351,7 @@ pub enum DlqCommand {
     /// Each re-driven dead letter is recorded on [topics] dlq_audit (who,
     /// when, why) and is not offered again.
     ///
-    /// Example: reconciler dlq redrive --class oversize --actor ana --note "limit raised to 2 MB"
+    /// Example: reconciler dlq redrive --class unknown_fingerprint --actor ana --note "upgraded to read the new event schema"
     Redrive {
         /// Only this error class.
         #[arg(long)]
@@ -408,7 +428,7 @@ fn parse_event_time(text: &str) -> Result<EventTime, String> {
     }
 }
 
-/// A flag per fault of [`Faults::SPEC`] (`--garbage 0.01`, ...), built from
+/// A flag per fault of [`Faults::ALL`] (`--garbage 0.01`, ...), built from
 /// that table so that adding a fault adds its flag.
 #[derive(Debug, Clone)]
 pub struct FaultArgs(pub Faults);
@@ -421,8 +441,8 @@ impl clap::FromArgMatches for FaultArgs {
     }
 
     fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
-        for spec in Faults::SPEC {
-            if let (Some(rate), Some(slot)) = (m.get_one::<f64>(spec.name), self.0.rate_mut(spec.name)) {
+        for fault in Faults::ALL {
+            if let (Some(rate), Some(slot)) = (m.get_one::<f64>(fault.name), self.0.rate_mut(fault.name)) {
                 *slot = *rate;
             }
         }
@@ -432,14 +452,14 @@ impl clap::FromArgMatches for FaultArgs {
 
 impl clap::Args for FaultArgs {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        Faults::SPEC.iter().fold(cmd, |cmd, spec| {
+        Faults::ALL.iter().fold(cmd, |cmd, fault| {
             cmd.arg(
-                clap::Arg::new(spec.name)
-                    .long(spec.flag)
+                clap::Arg::new(fault.name)
+                    .long(fault.flag)
                     .value_name("RATE")
                     .value_parser(clap::value_parser!(f64))
-                    .default_value(spec.default)
-                    .help(spec.help.trim()),
+                    .default_value(fault.default)
+                    .help(fault.help.trim()),
             )
         })
     }
@@ -465,7 +485,7 @@ pub enum LoadgenAction {
         timeout_secs: u64,
         /// Also check the state directory of the `reconciler run` that
         /// processed the workload (running or stopped): no operation may be
-        /// open without a timer (SPEC §11).
+        /// open without a timer.
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
@@ -487,13 +507,13 @@ pub enum LoadgenAction {
     /// `GET /effects/{idempotency_key}` answers 200 with `{"id", "version"}`
     /// or 404. Declare it as `[destinations.records]` with that URL.
     ///
-    /// Example: reconciler loadgen destination --truth truth.json --bind 127.0.0.1:9466
+    /// Example: reconciler loadgen destination --truth truth.json --bind 127.0.0.1:9467
     Destination {
         /// The ground-truth file written by `reconciler loadgen --truth`.
         #[arg(long)]
         truth: PathBuf,
         /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:9466")]
+        #[arg(long, default_value = "127.0.0.1:9467")]
         bind: std::net::SocketAddr,
     },
 }

@@ -81,14 +81,14 @@ pub fn workload(start: i64, copies: usize) -> Vec<InputRecord> {
             let e = b.ev("ok", "cust-100", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
-        // Seed 000: timeout after send, then the destination query finds v7.
+        // A timeout after sending, then the destination query finds v7.
         for (i, body) in [requested(7, true, true), started("w-1"), unknown()].into_iter().enumerate() {
             let e = b.ev("timeout-found", "cust-452", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
         let e = b.ev("timeout-found", "cust-452", s, None, 100, "q", observed(7, "crm-452", DestinationQuery));
         b.push(e);
-        // Seed 000: the query finds nothing: requeue (idempotent).
+        // A timeout after sending; the query finds nothing: requeue (idempotent).
         for (i, body) in [requested(2, true, true), started("w-2"), unknown()].into_iter().enumerate() {
             let e = b.ev("timeout-absent", "cust-453", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
@@ -103,7 +103,8 @@ pub fn workload(start: i64, copies: usize) -> Vec<InputRecord> {
             Body::EffectAbsent { source: DestinationQuery, evidence_ref: Some("query-77".into()) },
         );
         b.push(e);
-        // Seed 000: the query finds another version: review, never overwrite.
+        // A timeout after sending; the query finds another version: review,
+        // never overwrite.
         for (i, body) in [requested(7, true, true), started("w-1"), unknown()].into_iter().enumerate() {
             let e = b.ev("divergent", "cust-454", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
@@ -154,7 +155,7 @@ pub fn workload(start: i64, copies: usize) -> Vec<InputRecord> {
         b.push(e);
         let e = b.ev("reordered", "cust-800", s, Some(2), 10, "e1", started("w-1"));
         b.push(e);
-        // Issue 15: outcome unknown, and the probe worker asks the demo's
+        // Outcome unknown, and the probe worker asks the demo's
         // destination (see `destination_truth`): it holds the same version,
         // another version, or nothing.
         for (op, entity, version) in
@@ -222,7 +223,7 @@ pub fn workload(start: i64, copies: usize) -> Vec<InputRecord> {
             let e = b.ev("rejected", "cust-960", s, Some(i as i64 + 1), i as i64 * 10, &format!("e{i}"), body);
             b.push(e);
         }
-        // Seed 000: the version changes while the older sync is in flight:
+        // The version changes while the older sync is in flight:
         // the older one is superseded (closed, never requeued), the newer
         // one completes.
         for (i, body) in [requested(1, true, true), started("w-1")].into_iter().enumerate() {

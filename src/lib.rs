@@ -18,7 +18,7 @@
 //!   - `core/verdict.rs`: verdicts, anomalies, repair commands, deterministic ids.
 //!   - `core/deadline.rs`: timers (deadlines, follow-ups, reorder windows, retention).
 //!   - `core/trust.rs`: which events only the reconciler may write, and the
-//!     anomaly of one that does not prove it (issue 18).
+//!     anomaly of one that does not prove it.
 //! - [`clock`]: the wall clock, injected (depends on nothing); [`retry`]:
 //!   exponential back-off with jitter (pure).
 //! - [`codec`]: Avro against the schemas in `schemas/`, single-object
@@ -52,7 +52,7 @@
 //! - [`probe`]: `reconciler probe`, the worker that answers PROBE commands
 //!   by querying the destinations (HTTP, PostgreSQL) and publishes what it
 //!   found to the input topic.
-//! - [`outbox`]: the producing side (issue 19): the PostgreSQL outbox
+//! - [`outbox`]: the producing side: the PostgreSQL outbox
 //!   services write in their own transactions, and `reconciler relay`,
 //!   which publishes it to the input topic in each entity's commit order.
 //! - [`demo`], [`report`]: the demo workload and its summary;

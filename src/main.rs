@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use reconciler::cli::{Cli, Command, DlqCommand, LogFormat, OutboxCommand};
+use reconciler::cli::{Cli, Command, DlqCommand, LogFormat, OutboxCommand, ReferencePage};
 use reconciler::clock::system_clock;
 use reconciler::config::Config;
 use reconciler::operator::{commands, dlq::DlqFilter, replay::ReplayOptions, ResolveRequest, ReviewFilter};
@@ -87,6 +87,15 @@ fn install_shutdown() -> anyhow::Result<Arc<AtomicBool>> {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // The reference pages describe the binary, not a deployment: they need
+    // no configuration.
+    if let Command::Reference { page } = cli.command {
+        match page {
+            ReferencePage::Config => print!("{}", reconciler::config::reference::markdown()),
+            ReferencePage::Metrics => print!("{}", reconciler::metrics::reference::markdown()),
+        }
+        return Ok(());
+    }
     let mut cfg = load_config(&cli)?;
     match cli.command {
         Command::Run { state_dir, group_id } => {
@@ -194,6 +203,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             relay.run(&shutdown)?;
             Ok(())
         }
+        Command::Reference { .. } => unreachable!("answered before the configuration is loaded"),
         Command::Config => {
             print!("{}", toml::to_string(&cfg.redacted()).context("printing the configuration")?);
             Ok(())

@@ -12,8 +12,8 @@
 /// kernel's `clear_page_erms` under `do_huge_pmd_anonymous_page`, called
 /// from mimalloc's fresh-page path. With huge pages off that run took
 /// about a fifth less CPU and a lower peak RSS; on a longer run, once the
-/// heap stopped growing, the CPU did not move (BENCHMARKS.md, "huge pages
-/// off").
+/// heap stopped growing, the CPU did not move (BENCHMARKS.md, "Defaults
+/// chosen by measurement").
 ///
 /// The flag is the process's, not the machine's: other programs keep their
 /// setting. It also covers the kernel's `always` mode, where pages become

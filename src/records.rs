@@ -2,7 +2,7 @@
 //! ([`Record`]), a record as it will be published ([`OutboxRecord`]), and
 //! the conversions between them and the core's events and outputs: decoding
 //! an input record (or why it is a dead letter), the dead letter itself
-//! with its provenance headers (SPEC §8), and the records of events and
+//! with its provenance headers, and the records of events and
 //! outputs. Kafka, the store, the pipeline, the operator tools and loadgen
 //! all meet here rather than in each other.
 
@@ -142,7 +142,8 @@ impl InputRecord {
     }
 }
 
-/// The headers a dead letter carries besides the original ones (SPEC §8).
+/// The headers a dead letter carries besides the original ones: the error
+/// and the record's provenance.
 pub mod headers {
     /// The error class (`bad_magic`, `truncated`, `key_mismatch`, ...).
     pub const ERROR_CLASS: &str = "reconciler.error.class";
@@ -194,7 +195,7 @@ pub fn authenticity(keys: &ControlKeys, r: &Record, ev: &Event) -> Authenticity 
 }
 
 /// The dead letter of `r` for dead-letter topic `topic`: the provenance
-/// headers of SPEC §8 added to the original key, value and headers.
+/// headers of [`headers`] added to the original key, value and headers.
 ///
 /// Byte-identical, except for records over the size limit: no producer
 /// could publish those whole, so their dead letter keeps the key, the

@@ -41,7 +41,7 @@ pub fn render(r: &DemoReport) -> String {
     let mut shown = std::collections::BTreeSet::new();
     for v in &r.verdicts {
         // One of each kind, telling apart the follow-ups that escalated and
-        // the operations superseded by a newer version (SPEC §11).
+        // the operations superseded by a newer version.
         let kind = (v.outcome, v.action, v.evidence.escalation, v.evidence.superseded_by.is_some());
         if shown.insert(kind) {
             let _ = writeln!(

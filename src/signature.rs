@@ -1,5 +1,5 @@
 //! Signatures of the control events the reconciler writes to its own input
-//! (issue 18; the rule they serve is `core::trust`).
+//! (the rule they serve is `core::trust`).
 //!
 //! A signature is an HMAC-SHA256 over the record's key and value under a
 //! control key, carried in the record's [`HEADER`] as lowercase hex. Keys

@@ -7,10 +7,11 @@ pub enum DecodeError {
     /// The record has no value (a tombstone): nothing to decode.
     #[error("record has no value (null)")]
     NullValue,
-    /// The value exceeds the configured size limit (SPEC §8); not decoded.
+    /// The record (key, value and headers together) exceeds
+    /// `consumer.max_record_bytes`; not decoded.
     #[error("record of {size} bytes exceeds the limit of {limit} bytes")]
     Oversize {
-        /// Size of the value in bytes.
+        /// Size of the record in bytes: key, value and headers.
         size: usize,
         /// The configured limit in bytes.
         limit: usize,
@@ -100,8 +101,8 @@ pub enum DecodeError {
         /// How many bytes were left.
         trailing: usize,
     },
-    /// A field is missing or of the wrong type, or breaks SPEC §8
-    /// validation (an empty id, seq below 1, a non-positive window).
+    /// A field is missing or of the wrong type, or breaks input validation
+    /// (an empty id, seq below 1, a non-positive window).
     #[error("invalid field {field}: {reason}")]
     InvalidField {
         /// The schema field at fault.
@@ -109,7 +110,7 @@ pub enum DecodeError {
         /// What its value breaks.
         reason: String,
     },
-    /// The record key is not the event's entity_id (SPEC §2): the entity's
+    /// The record key is not the event's entity_id: the entity's
     /// events could land on another partition and lose their order.
     #[error("record key {} does not equal entity_id {entity_id:?}: producers must key by entity_id", key.as_ref().map_or_else(|| "(none)".to_owned(), |k| format!("{k:?}")))]
     KeyMismatch {

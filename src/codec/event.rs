@@ -1,4 +1,6 @@
-//! `OperationEvent` from a decoded Avro value, and its validation (SPEC §8).
+//! `OperationEvent` from a decoded Avro value, and its validation (what an
+//! input record must satisfy before the core sees it; one that does not is
+//! a dead letter).
 //!
 //! Written out by hand rather than through serde: the body is a union of
 //! records, and an explicit walk gives an error that names the exact field.
@@ -198,7 +200,7 @@ pub(super) fn event_from_value(v: Value) -> Result<Event, DecodeError> {
     })
 }
 
-/// SPEC §8 validation of a decoded event: non-empty ids, seq ≥ 1.
+/// Input validation of a decoded event: non-empty ids, seq ≥ 1.
 pub(super) fn validate(ev: &Event) -> Result<(), DecodeError> {
     for (field, value) in [
         ("event_id", &ev.event_id),

@@ -20,6 +20,7 @@ pub const CONFLUENT_HEADER_LEN: usize = 5;
 
 /// How a record's Avro bytes are framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "io", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Framing {
     /// Avro single-object encoding: `C3 01`, the 8-byte fingerprint, the
@@ -32,6 +33,7 @@ pub enum Framing {
 
 /// Which framings a topic is read in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "io", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum InputFraming {
     /// Single-object encoded records only.

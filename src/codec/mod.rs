@@ -207,7 +207,8 @@ impl Codec {
     }
 }
 
-/// SPEC §8: the record key must equal the event's entity_id.
+/// Input validation: the record key must equal the event's entity_id, so
+/// that all of an entity's events share one partition and keep their order.
 pub fn validate_key(key: Option<&[u8]>, ev: &Event) -> Result<(), DecodeError> {
     if key == Some(ev.entity_id.as_bytes()) {
         Ok(())

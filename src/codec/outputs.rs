@@ -5,7 +5,7 @@
 //! apache-avro's schema-aware serializer looks each field up by name in the
 //! schema as it goes; measured with callgrind on the rebuild bench with its
 //! outputs encoded, it took 12 % of all instructions, more than the core
-//! itself (issue 20). These writers follow the schemas field by field
+//! itself. These writers follow the schemas field by field
 //! instead, as `binary.rs` does for events.
 //!
 //! Each is used only for the schema it was written for: the fingerprints

@@ -15,6 +15,7 @@ use crate::core::{Policy, TypePolicy};
 use crate::signature::ControlKeys;
 
 mod probe;
+pub mod reference;
 mod registry;
 mod relay;
 pub use probe::{expand_env, placeholders, DestinationConfig, DestinationKind, ProbeConfig, PROBE_PARAMS};
@@ -41,7 +42,7 @@ pub enum ConfigError {
 
 /// `observe` publishes verdicts and read-only PROBE commands; `act` also
 /// publishes REQUEUE commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Verdicts, anomalies and dead letters (the default); on the commands
@@ -49,34 +50,35 @@ pub enum Mode {
     /// nothing (`reconciler probe` answers them).
     Observe,
     /// Also a REQUEUE command for each REQUEUE verdict, for a worker to carry
-    /// out (SPEC §6).
+    /// out.
     Act,
 }
 
 /// Delivery guarantee of the outputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Guarantee {
     /// Outputs acknowledged by the broker before their batch is forgotten;
     /// after a crash the last batch may be re-published byte-identical.
     AtLeastOnce,
     /// A batch's outputs and its consumed offsets commit in one Kafka
-    /// transaction (producer `transactional.id` = [`Consumer::transactional_id`]);
+    /// transaction (the producer's `transactional.id` is
+    /// `consumer.transactional_id`);
     /// a `read_committed` reader sees each output once. Needs a broker with
     /// transactions.
     ExactlyOnce,
 }
 
 /// Topic names and layout.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Topics {
     /// Input: lifecycle events (the reconciler also writes its timers here).
     pub events: String,
-    /// Verdicts: one per decision on an operation (SPEC §6).
+    /// Verdicts: one per decision on an operation.
     pub verdicts: String,
     /// Anomalies: the forensic trail of duplicate, out-of-order, conflicting
-    /// and invalid events (SPEC §5).
+    /// and invalid events.
     pub anomalies: String,
     /// Dead letters: input that cannot be decoded or validated, byte-identical.
     pub dlq: String,
@@ -87,7 +89,8 @@ pub struct Topics {
     /// (`ops.events.dlq.audit`). Empty: no audit (re-driven dead letters
     /// are offered again).
     pub dlq_audit: Option<String>,
-    /// Repair commands (`act` mode only).
+    /// Commands: PROBE requests for the probe worker (both modes) and, in
+    /// `act` mode, REQUEUE commands for a worker to carry out.
     pub commands: String,
     /// The state changelog: a compacted topic with one partition per input
     /// partition, carrying every state change of a batch after its outputs.
@@ -216,7 +219,7 @@ impl Topics {
 }
 
 /// Consumption and batching.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Consumer {
     /// Consumer group id.
@@ -225,7 +228,8 @@ pub struct Consumer {
     /// Larger batches share those costs among more records, but each of the
     /// batch's passes (decode, load, apply, encode, write) then walks more
     /// memory than the core's cache holds: at 5,000 a batch cost more CPU
-    /// per record end to end than at 2,000 (BENCHMARKS.md, issue 20).
+    /// per record end to end than at 2,000 (BENCHMARKS.md, "Defaults
+    /// chosen by measurement").
     /// Under a backlog that keeps the loop waiting for acknowledgements,
     /// batches stretch up to four times this size; they halve back to it
     /// once that wait is a small share of each cycle, and an idle poll
@@ -279,7 +283,7 @@ pub struct Consumer {
 }
 
 /// See [`Consumer::on_lost_position`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnLostPosition {
     /// Stop with the facts; a person chooses.
@@ -331,8 +335,8 @@ impl Default for Consumer {
     }
 }
 
-/// Time rules (SPEC §7), all in milliseconds of event time.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Time rules, all in milliseconds of event time (the `at` of the events).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Time {
     /// Confirmation window when neither the event nor its type names one.
@@ -374,7 +378,7 @@ impl Default for Time {
 }
 
 /// Per-operation-type policy.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TypeConfig {
     /// Overrides `[time] default_confirm_within_ms` for this type; a
@@ -390,7 +394,7 @@ pub struct TypeConfig {
 }
 
 /// Redaction of free-text evidence.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Redaction {
     /// Regular expressions; every match in `detail`, `evidence_ref` and `note`
@@ -406,7 +410,7 @@ impl Default for Redaction {
 
 /// The HTTP server inside `run`: metrics, health, the operator API and the
 /// exception panel.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Http {
     /// Address to listen on; "off" (or "") runs no server.
@@ -445,10 +449,10 @@ impl Default for Http {
     }
 }
 
-/// The trust boundary on the input topic (`[security]`, issue 18): the
+/// The trust boundary on the input topic (`[security]`): the
 /// keys that sign and verify the control events the reconciler writes to
 /// its own input (see `core::trust` and `signature`).
-#[derive(Clone, Default, Serialize, Deserialize)]
+#[derive(Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Security {
     /// HMAC keys, at least 16 bytes each: the first signs, all verify (add
@@ -458,8 +462,8 @@ pub struct Security {
     /// in the environment, not in a file:
     /// `RECONCILER_SECURITY__CONTROL_KEYS='["<secret>", "<older secret>"]'`.
     pub control_keys: Vec<String>,
-    /// Apply control events without checking their signature (today's
-    /// behaviour before issue 18): any producer with write access to the
+    /// Apply control events without checking their signature: any
+    /// producer with write access to the
     /// input can then force overdue verdicts and decide review cases. For
     /// trials only.
     pub allow_unsigned_control: bool,
@@ -565,7 +569,7 @@ fn bind_addr(field: &str, value: &str) -> Result<Option<std::net::SocketAddr>, C
 }
 
 /// The Prometheus metrics.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Operation types beyond those under `[types]` that get a label of
@@ -593,12 +597,13 @@ impl Default for MetricsConfig {
 /// RocksDB memory budget (`[store]` in the config). Index and filter
 /// blocks live in the block cache, and memtables share one budget, so the
 /// store's memory is bounded by these two numbers whatever it holds on disk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreTuning {
-    /// Block cache (data, index and filter blocks), in MiB. Measured: with
-    /// 64 MiB and 1M operations stored the pipeline spent 25.9 CPU s per 1M
-    /// records (index and filter blocks evicted), with 1 GiB 14.5 (BENCHMARKS.md).
+    /// Block cache (data, index and filter blocks), in MiB. Too small a
+    /// cache evicts index and filter blocks and every read then goes to
+    /// disk: with 64 MiB and 1M operations stored the pipeline spent 25.9
+    /// CPU s per 1M records, with 1 GiB 14.5 (BENCHMARKS.md).
     pub block_cache_mb: usize,
     /// All memtables of all column families together, in MiB.
     pub write_buffer_mb: usize,
@@ -611,50 +616,70 @@ impl Default for StoreTuning {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// `observe` (the default) or `act`: whether REQUEUE commands are
-    /// published (SPEC §6; PROBE commands are published in both).
+    /// published (PROBE commands are published in both).
     pub mode: Mode,
-    /// Delivery guarantee of the outputs (SPEC §9).
+    /// Delivery guarantee of the outputs.
     pub guarantee: Guarantee,
     /// Directory of the RocksDB state.
     pub state_dir: PathBuf,
     /// Fsync every state write (survives power loss, not only process crashes).
     pub sync_writes: bool,
-    /// Topic names and layout (`[topics]`, SPEC §2).
+    /// Topic names, and the layout of the topics the reconciler creates
+    /// when they are missing.
     pub topics: Topics,
-    /// Consumption and batching (`[consumer]`).
+    /// Consumption, batching, and what happens when a partition moves or
+    /// its position is lost.
     pub consumer: Consumer,
-    /// Deadlines, reorder window, retention and follow-ups (`[time]`, SPEC §7
-    /// and §11).
+    /// Deadlines, the reorder window, retention and follow-ups, in
+    /// milliseconds of event time (the `at` of the events).
     pub time: Time,
-    /// Per operation type, by name.
+    /// Policy per operation type: a table `[types.<name>]` for the events
+    /// whose `type` is `<name>`; a key left out takes the `[time]` default.
     pub types: BTreeMap<String, TypeConfig>,
-    /// Redaction of free-text evidence (`[redaction]`, SPEC §4).
+    /// Redaction of free-text evidence before it is stored or published.
     pub redaction: Redaction,
-    /// RocksDB memory budget (block cache, memtables).
+    /// RocksDB memory budget. Index and filter blocks live in the block
+    /// cache and the memtables share one budget, so the store's memory is
+    /// bounded by these two numbers whatever it holds on disk.
     pub store: StoreTuning,
-    /// Passed to librdkafka verbatim (bootstrap.servers, TLS, SASL, ...).
+    /// librdkafka properties, passed to every Kafka client verbatim
+    /// (`bootstrap.servers`, `security.protocol`, `sasl.*`, `ssl.*`, ...;
+    /// the names of librdkafka's CONFIGURATION.md). Where the reconciler's
+    /// defaults differ from librdkafka's (`fetch.wait.max.ms`, `linger.ms`,
+    /// `compression.type` = lz4, ...: see `reconciler.example.toml`), a key
+    /// here wins. From the environment, give a TOML inline table, merged key
+    /// by key over the file's:
+    /// `RECONCILER_KAFKA='{ "sasl.password" = "<secret>" }'` (a variable
+    /// name cannot hold the dots of a property name).
     pub kafka: BTreeMap<String, String>,
-    /// The HTTP server: metrics, health, operator API and panel (`[http]`, SPEC
-    /// §10).
+    /// The HTTP server inside `reconciler run`: `/metrics`, `/healthz`,
+    /// `/readyz`, the operator API (`/api/...`) and the exception panel.
     pub http: Http,
-    /// Label bounds and refresh rates of the Prometheus metrics (`[metrics]`).
+    /// Label bounds and refresh rates of the Prometheus metrics.
     pub metrics: MetricsConfig,
-    /// The probe worker (`[probe]`).
+    /// The probe worker, which answers PROBE commands by asking the
+    /// destination (`reconciler probe`, or inside `run` when enabled).
     pub probe: ProbeConfig,
-    /// The destinations the probe worker can query, by the name services
-    /// put in `Requested.destination` (`[destinations.<name>]`).
+    /// The destinations the probe worker can query: a table
+    /// `[destinations.<name>]` for the name services put in
+    /// `Requested.destination`.
     pub destinations: BTreeMap<String, DestinationConfig>,
-    /// Control-event signatures (`[security]`, issue 18).
+    /// The keys that sign and verify the control events the reconciler
+    /// writes to its own input (timer firings, decisions, probe answers).
     pub security: Security,
-    /// The outbox relay (`[relay]`, `reconciler relay`).
+    /// The outbox relay (`reconciler relay`), which publishes the rows
+    /// services commit to a PostgreSQL outbox table to `topics.events`.
     pub relay: RelayConfig,
-    /// How records are framed on the topics (`[codec]`).
+    /// How the Avro records are framed on the topics: Avro single-object
+    /// encoding, or the Confluent schema-registry framing.
     pub codec: CodecConfig,
-    /// The schema registry of the Confluent framing (`[schema_registry]`).
+    /// The schema registry that the Confluent framing names schemas in
+    /// (the Confluent REST API). Needed when a side of `[codec]` is
+    /// `confluent`.
     pub schema_registry: SchemaRegistryConfig,
 }
 
@@ -806,7 +831,7 @@ impl Config {
         if tm.timer_interval_ms == 0 || tm.timer_interval_ms > 1000 {
             return Err(invalid(
                 "time.timer_interval_ms",
-                "must be between 1 and 1000 (SPEC: checked at least every second)",
+                "must be between 1 and 1000 (due timers are looked for at least every second)",
             ));
         }
         for (name, ty) in &self.types {
@@ -981,7 +1006,7 @@ mod tests {
         Config::default().validate().unwrap();
     }
 
-    /// Issue 18: the default demands signed control events; the keys are
+    /// The default demands signed control events; the keys are
     /// checked, never printed, and the trial switch turns the check off.
     #[test]
     fn control_keys_are_required_checked_and_redacted() {

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::{invalid, ConfigError};
 
 /// The probe worker (`[probe]`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProbeConfig {
     /// Also run the worker inside `reconciler run` (same process, its own
@@ -66,7 +66,7 @@ impl Default for ProbeConfig {
 }
 
 /// How a destination is queried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DestinationKind {
     /// An HTTP endpoint that answers with JSON.
@@ -76,7 +76,7 @@ pub enum DestinationKind {
 }
 
 /// One destination (`[destinations.<name>]`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DestinationConfig {
     /// `http` or `postgres`.

@@ -22,7 +22,7 @@ use super::{invalid, ConfigError};
 pub use crate::codec::{Framing, InputFraming};
 
 /// `[codec]`: the framing of each side.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CodecConfig {
     /// `single_object` (the default), `confluent` or `both`.
@@ -47,7 +47,7 @@ impl CodecConfig {
 
 /// How the subject a topic's schema is registered under is named (the
 /// Confluent serializers' `subject.name.strategy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SubjectNaming {
     /// `<topic>-value` (the default of every Confluent serializer).
@@ -72,7 +72,7 @@ impl SubjectNaming {
 
 /// `[schema_registry]`: a registry with the Confluent REST API (Confluent
 /// Schema Registry, Apicurio Registry's `ccompat` API, Karapace, ...).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchemaRegistryConfig {
     /// Base URL (`http://registry:8081`, or Apicurio's

@@ -1,5 +1,5 @@
-//! `[relay]`: the transactional outbox relay (`reconciler relay`, issue
-//! 19), which publishes the rows services commit to the PostgreSQL outbox
+//! `[relay]`: the transactional outbox relay (`reconciler relay`),
+//! which publishes the rows services commit to the PostgreSQL outbox
 //! (`sql/outbox.sql`) to `[topics] events`.
 //!
 //! The connection string never sits in the file: `connection_env` names the
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::{bind_addr, invalid, ConfigError};
 
 /// What the relay does with a row once the broker acknowledged it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnPublished {
     /// `status = 'published'` with `published_at` (the default): the table
@@ -23,7 +23,7 @@ pub enum OnPublished {
 }
 
 /// The outbox relay (`[relay]`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
     /// The environment variable that holds the PostgreSQL connection string

@@ -1,4 +1,4 @@
-//! Timers (SPEC §7): when an operation next needs the clock, and what
+//! Timers: when an operation next needs the clock, and what
 //! happens when that time comes.
 //!
 //! The core never reads a clock. It says when it wants to be woken
@@ -17,7 +17,7 @@ use super::policy::Policy;
 /// confirmation deadline, the follow-up of a machine action, the end of a
 /// reorder window, or the end of retention.
 ///
-/// Every operation that is not in MANUAL_REVIEW has one (SPEC §11: the
+/// Every operation that is not in MANUAL_REVIEW has one (the
 /// reconciliation does not stop at the first verdict); the property tests
 /// check it after every event.
 pub fn next_timer(op: &OperationState, policy: &Policy) -> Option<i64> {

@@ -1,4 +1,4 @@
-//! Detection before state (SPEC §5): duplicates, order, conflicts, the
+//! Detection before state: duplicates, order, conflicts, the
 //! reorder buffer and orphans. This is also the core's entry point, [`apply`].
 //!
 //! Every event ends in exactly one [`Disposition`]; nothing is dropped
@@ -51,7 +51,7 @@ pub struct Step {
 }
 
 /// A request for a higher version replaces an older operation of the same
-/// entity, operation type and destination (SPEC §11).
+/// entity, operation type and destination (supersede).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Supersede {
     /// The older operation.
@@ -104,7 +104,7 @@ pub fn apply(
             return Step::only(Disposition::Ignored);
         };
         // Timers are idempotent by time and never deduplicated by id: the
-        // same due time can come round again (a re-armed deadline, a new
+        // same due time can come up again (a re-armed deadline, a new
         // gap with the same window end), and a timer firing twice (a
         // restart between publishing and consuming it) changes nothing.
         if deadline::on_timer(op, policy, entity, &ev, pos, deadline, out) {
@@ -162,7 +162,7 @@ pub fn apply(
     Step { disposition, supersede }
 }
 
-/// SPEC §11: the operations a just applied request replaces. When an open
+/// Supersede: the operations a just applied request replaces. When an open
 /// operation of the same entity, type and destination expects a higher
 /// version, the request itself is the older one: it is replaced at once.
 fn superseded(op: &OperationState, entity: &EntityState, event_id: &str, at: i64, pos: SourcePos) -> Vec<Supersede> {
@@ -306,7 +306,8 @@ fn admit(
 }
 
 /// A second event for an already claimed revision: the same body is a
-/// duplicate emission, another body a conflicting transition (seed 000's race).
+/// duplicate emission, another body a conflicting transition (a race
+/// between workers).
 fn same_revision(
     op: &mut OperationState,
     policy: &Policy,

@@ -18,7 +18,7 @@ pub struct SourcePos {
     pub offset: i64,
 }
 
-/// One lifecycle event of an operation (SPEC §4).
+/// One lifecycle event of an operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     /// Unique per emission: the layer-1 deduplication key.
@@ -128,7 +128,7 @@ pub struct Requested {
     /// The external system that must hold the effect.
     pub destination: String,
     /// How long after the request the effect must be confirmed; `None` uses
-    /// the per-type or global default (SPEC §7).
+    /// the per-type or global default (see [`super::Policy::confirm_within`]).
     #[serde(default)]
     pub confirm_within_ms: Option<i64>,
     /// Attempts allowed before a transient failure goes to manual review;
@@ -158,7 +158,7 @@ pub struct EffectObserved {
     pub evidence_ref: Option<String>,
 }
 
-/// What happened: one branch of the `body` union (SPEC §4).
+/// What happened: one branch of the `body` union.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Body {
     /// The job was requested: creates the operation in PENDING.
@@ -181,7 +181,7 @@ pub enum Body {
         /// Human-readable detail (redacted).
         detail: String,
         /// When the worker plans the next attempt: the operation is not
-        /// overdue before it plus the confirmation window (SPEC §11).
+        /// overdue before it plus the confirmation window.
         #[serde(default)]
         next_attempt_at: Option<i64>,
     },
@@ -228,7 +228,7 @@ pub enum Body {
         evidence_checked: Vec<String>,
     },
     /// Written by the reconciler when an operation's timer is due; judged
-    /// only when consumed, so a replay reproduces it (SPEC §7).
+    /// only when consumed, so a replay reproduces it.
     DeadlineReached {
         /// The timer's due time (event time).
         deadline: i64,
@@ -269,8 +269,9 @@ impl Event {
     /// The event the reconciler writes when a timer of `operation_id` is due.
     ///
     /// Its id depends only on the operation and the due time, so a timer that
-    /// fires twice (a restart, a rebalance) yields the same event twice, which
-    /// the core then recognises as a duplicate delivery.
+    /// fires twice (a restart, a rebalance) yields the same event twice; the
+    /// core recognises the second by its due time (a deadline already past
+    /// changes nothing) and flags nothing.
     pub fn deadline_reached(operation_id: &str, entity_id: &str, operation_type: &str, deadline: i64) -> Event {
         Event {
             event_id: deadline_event_id(operation_id, deadline),

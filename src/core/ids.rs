@@ -8,7 +8,7 @@
 //! two). It is on the hot path (a verdict id per verdict, an anomaly id
 //! per anomaly): the `sha1` crate uses the CPU's SHA instructions where it
 //! has them, and the parts are hashed in place, without a joined copy or
-//! the formatting machinery. Measured in BENCHMARKS.md (issue 20).
+//! the formatting machinery. Measured in BENCHMARKS.md.
 
 use sha1::{Digest, Sha1};
 use uuid::{Builder, Uuid};

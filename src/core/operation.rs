@@ -1,8 +1,8 @@
-//! Per-operation state and the state machine of SPEC §4.
+//! Per-operation state and the lifecycle's state machine.
 //!
 //! `transition` is called only for events that detection admitted (in seq
-//! order, not duplicates); it moves the operation between seed 000's states
-//! and emits the verdicts that the transition itself decides.
+//! order, not duplicates); it moves the operation between the states of
+//! [`Status`] and emits the verdicts that the transition itself decides.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,7 +21,7 @@ use super::verdict::{self, VerdictDraft};
 pub struct RequestInfo {
     /// Event time of the `Requested`: the confirmation window starts here.
     pub requested_at: i64,
-    /// Version the effect must carry (SPEC §4 `Requested`).
+    /// Version the effect must carry (from the `Requested` event).
     pub expected_version: Option<i64>,
     /// Fingerprint the effect must carry.
     pub expected_fingerprint: Option<String>,
@@ -30,7 +30,7 @@ pub struct RequestInfo {
     /// Repeating the call is safe, so an overdue or absent effect may be requeued.
     pub idempotent: bool,
     /// The external system that must hold the effect; with the type, what
-    /// the supersede rule compares (SPEC §11).
+    /// the supersede rule compares.
     pub destination: String,
     /// Resolved confirmation window (event, type or default).
     pub confirm_within_ms: i64,
@@ -78,7 +78,7 @@ pub struct LastVerdict {
 /// Everything the reconciler knows about one operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationState {
-    /// The operation's id (SPEC §4). Not in the state's serialized form
+    /// The operation's id. Not in the state's serialized form
     /// (nor is its type): the store's key holds the id and the summary in
     /// front of the state the type (see `store::encoded::StoredOp`), and
     /// every byte of the value is paid for at every write of it.
@@ -160,7 +160,7 @@ pub struct OperationState {
     /// The timer currently indexed for this operation (see `deadline`).
     pub timer_at: Option<i64>,
     /// The follow-up armed by the last PROBE or REQUEUE verdict; new
-    /// evidence for the operation cancels it (SPEC §11).
+    /// evidence for the operation cancels it.
     pub follow_up: Option<FollowUp>,
     /// Automatic requeues so far (REQUEUE verdicts not decided by a person).
     pub requeues: u32,
@@ -205,7 +205,7 @@ pub struct EntityState {
     /// Highest version confirmed for the entity by any operation.
     pub confirmed_version: Option<i64>,
     /// Operations of the entity in the store: its facts are removed with
-    /// the last of them (SPEC §9, bounded state).
+    /// the last of them, so the state stays bounded.
     pub operations: u32,
     /// Its requested, not yet terminal operations.
     pub open: Vec<OpenOperation>,
@@ -254,13 +254,13 @@ pub enum DecisionRefusal {
         /// The operation's current state.
         status: Status,
     },
-    /// SPEC §6: COMPENSATE belongs to a DUPLICATE_EFFECT verdict only; other
+    /// COMPENSATE belongs to a DUPLICATE_EFFECT verdict only; other
     /// wrong effects are undone by a `Compensated` business event.
     CompensateWithoutDuplicate {
         /// The outcome of the operation's latest verdict, if any.
         last: Option<Outcome>,
     },
-    /// SPEC §11: an operation replaced by a newer version is never requeued.
+    /// An operation replaced by a newer version is never requeued.
     RequeueSuperseded {
         /// The newer operation that replaced it.
         by: Supersession,
@@ -460,7 +460,7 @@ impl OperationState {
                 if *error_class == ErrorClass::Transient && self.attempts < max {
                     self.set_status(Status::RetryScheduled, at);
                     if let Some(next) = *next_attempt_at {
-                        // SPEC §11: not overdue before the scheduled retry
+                        // Not overdue before the scheduled retry
                         // has had its own confirmation window.
                         self.next_attempt_at = Some(next);
                         let after_retry = next.saturating_add(self.window());
@@ -676,7 +676,7 @@ impl OperationState {
     /// A MISSING / REQUEUE verdict (`requeue` says why), unless the
     /// operation was requeued automatically `max_requeues` times in all
     /// already: then MISSING / MANUAL_REVIEW (`escalate` of that count says
-    /// why). SPEC §11.
+    /// why).
     fn requeue_or_escalate(
         &mut self,
         policy: &Policy,
@@ -701,7 +701,7 @@ impl OperationState {
         }
     }
 
-    /// The overdue verdict of SPEC §7, when a confirmation deadline is reached.
+    /// The overdue verdict, when a confirmation deadline is reached.
     pub(crate) fn judge_overdue(&mut self, policy: &Policy, ev: &Event, pos: SourcePos, out: &mut Vec<Output>) {
         let at = ev.occurred_at;
         let trigger = Trigger::of(ev, pos);
@@ -746,7 +746,7 @@ impl OperationState {
     }
 
     /// A follow-up came due with no new evidence since the PROBE or REQUEUE
-    /// verdict that armed it (SPEC §11): an unanswered probe goes to a
+    /// verdict that armed it: an unanswered probe goes to a
     /// person; a requeue nobody picked up is requeued again, up to the limit.
     pub(crate) fn follow_up_due(&mut self, policy: &Policy, ev: &Event, pos: SourcePos, out: &mut Vec<Output>) {
         let Some(f) = self.follow_up.take() else { return };
@@ -770,7 +770,7 @@ impl OperationState {
         }
     }
 
-    /// SPEC §11: a newer request of the same entity, operation type and
+    /// Supersede: a newer request of the same entity, operation type and
     /// destination (`by`, triggered by its Requested) replaced this
     /// operation. Open, it is closed NOT_APPLICABLE / CLOSE and never
     /// requeued; in review it stays there, marked. Returns whether the

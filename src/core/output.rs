@@ -10,8 +10,9 @@ use super::names::named_enum;
 use super::reason::Reason;
 
 named_enum! {
-    /// State of an operation (seed 000's explicit states, plus `Unrequested` for
-    /// operations whose events arrived before their `Requested`).
+    /// State of an operation (the lifecycle's explicit states, plus
+    /// `Unrequested` for operations whose events arrived before their
+    /// `Requested`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
     #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
     pub enum Status {
@@ -74,7 +75,7 @@ named_enum! {
 }
 
 named_enum! {
-    /// The safe action for an outcome (SPEC §6).
+    /// The safe action for an outcome: what to do about it.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
     #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
     pub enum Action {
@@ -113,7 +114,7 @@ pub struct ManualDecisionRecord {
     pub evidence_checked: Vec<String>,
 }
 
-/// The evidence behind a verdict (SPEC §6).
+/// The evidence behind a verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Evidence {
     /// Version the effect must carry, from the request.
@@ -148,8 +149,8 @@ pub struct Evidence {
     pub trigger_offset: i64,
     /// Present when a person decided this verdict.
     pub manual_decision: Option<ManualDecisionRecord>,
-    /// Automatic requeues of the operation so far (SPEC §11: at most
-    /// `max_requeues` in all).
+    /// Automatic requeues of the operation so far (at most `max_requeues`
+    /// in all).
     pub requeues: i32,
     /// When the reconciler follows up a PROBE or REQUEUE verdict if no new
     /// evidence arrives by then (event time).
@@ -157,7 +158,7 @@ pub struct Evidence {
     /// The retry the worker scheduled (`AttemptFailed.next_attempt_at`),
     /// while the operation waits for it.
     pub next_attempt_at: Option<i64>,
-    /// The newer operation that replaced this one (SPEC §11, supersede).
+    /// The newer operation that replaced this one (supersede).
     pub superseded_by: Option<Supersession>,
     /// Why a follow-up sent the operation to manual review.
     pub escalation: Option<Escalation>,
@@ -174,7 +175,7 @@ pub struct Supersession {
 }
 
 named_enum! {
-    /// Why a follow-up escalated an operation to manual review (SPEC §11).
+    /// Why a follow-up escalated an operation to manual review.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
     #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
     pub enum Escalation {
@@ -185,7 +186,7 @@ named_enum! {
     }
 }
 
-/// The judgement of one operation, published on the verdicts topic (SPEC §6).
+/// The judgement of one operation, published on the verdicts topic.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verdict {
     /// Deterministic id (UUIDv5): a replay or a re-publish gives the same id,
@@ -215,7 +216,8 @@ pub struct Verdict {
 }
 
 named_enum! {
-    /// The nine kinds of SPEC §5.
+    /// What was wrong with an event: the kinds of anomaly (see
+    /// [`super::detect`] and [`super::trust`]).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
     #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
     pub enum AnomalyKind {
@@ -224,7 +226,7 @@ named_enum! {
         /// A new event_id for an already claimed revision, with the same body.
         DuplicateEmission => "DUPLICATE_EMISSION",
         /// A new event_id for an already claimed revision, with another body:
-        /// two writers transitioned the same revision (seed 000's race).
+        /// two writers transitioned the same revision (a race between workers).
         ConflictingTransition => "CONFLICTING_TRANSITION",
         /// A revision ahead of the next expected: held until the gap fills.
         OutOfOrder => "OUT_OF_ORDER",
@@ -245,7 +247,7 @@ named_enum! {
     }
 }
 
-/// A forensic record of something wrong with an event (SPEC §5), published
+/// A forensic record of something wrong with an event, published
 /// on the anomalies topic.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Anomaly {
@@ -335,7 +337,8 @@ pub enum Output {
     Verdict(Verdict),
     /// For the anomalies topic.
     Anomaly(Anomaly),
-    /// For the commands topic (`act` mode only).
+    /// For the commands topic: PROBE requests in both modes, REQUEUE
+    /// commands in `act` mode.
     Command(RepairCommand),
 }
 

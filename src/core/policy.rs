@@ -9,7 +9,7 @@ use super::redact::Redactor;
 /// Per-operation-type overrides.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TypePolicy {
-    /// Confirmation window of the type, when the event names none (SPEC §7).
+    /// Confirmation window of the type, when the event names none.
     pub confirm_within_ms: Option<i64>,
     /// Attempt limit of the type, when the event names none.
     pub max_attempts: Option<i32>,
@@ -37,15 +37,15 @@ pub struct Policy {
     pub retention_ms: i64,
     /// How long after a PROBE or REQUEUE verdict the operation is followed
     /// up when no new evidence came; `None`: one confirmation window of the
-    /// operation (SPEC §11).
+    /// operation.
     pub follow_up_ms: Option<i64>,
     /// How many times in all an operation is requeued automatically before
-    /// it goes to manual review (SPEC §11).
+    /// it goes to manual review.
     pub max_requeues: u32,
     /// `act` mode: publish repair commands for automatable actions.
     pub act: bool,
     /// Cleans `detail`, `evidence_ref` and `note` before anything is stored
-    /// or published (SPEC §4).
+    /// or published.
     pub redactor: Redactor,
     /// Control events (`DeadlineReached`, `ManualDecision`, `ProbeFailed`)
     /// are applied only when signed (see [`super::trust`]); off only with
@@ -73,7 +73,7 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// The confirmation window: per event, else per type, else the default (SPEC §7).
+    /// The confirmation window: per event, else per type, else the default.
     pub fn confirm_within(&self, operation_type: &str, from_event: Option<i64>) -> i64 {
         from_event
             .or_else(|| self.types.get(operation_type).and_then(|t| t.confirm_within_ms))
@@ -89,7 +89,7 @@ impl Policy {
 
     /// The follow-up window of an operation whose confirmation window is
     /// `confirm_within_ms`: per type, else `[time] follow_up_ms`, else that
-    /// window (SPEC §11).
+    /// window.
     pub fn follow_up(&self, operation_type: &str, confirm_within_ms: i64) -> i64 {
         self.types.get(operation_type).and_then(|t| t.follow_up_ms).or(self.follow_up_ms).unwrap_or(confirm_within_ms)
     }

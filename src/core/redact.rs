@@ -1,7 +1,7 @@
 //! Redaction of free-text evidence (`detail`, `evidence_ref`, `note`).
 //!
-//! Seed 000: evidence must be a safe reference, never secrets or personal
-//! data. Every free-text field passes through here before the core stores or
+//! Evidence must be a safe reference, never secrets or personal data.
+//! Every free-text field passes through here before the core stores or
 //! publishes it, so nothing downstream (state, verdicts, explain) can leak it.
 
 use std::borrow::Cow;

@@ -1,4 +1,4 @@
-//! The trust boundary on the input topic (issue 18, SPEC §4): which events
+//! The trust boundary on the input topic: which events
 //! only the reconciler and its operators may write, and what becomes of one
 //! that does not prove it.
 //!

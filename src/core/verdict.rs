@@ -94,7 +94,7 @@ pub(crate) fn emit(op: &mut OperationState, policy: &Policy, d: VerdictDraft<'_>
     out.push(Output::Verdict(verdict));
     // A probe only reads the destination, so its command is published in
     // observe mode too (the probe worker answers it); a requeue changes the
-    // world and waits for act mode (SPEC §6).
+    // world and waits for act mode.
     if d.action == Action::Probe || (policy.act && d.action.is_automatable()) {
         let action = if d.action == Action::Requeue { RepairAction::Requeue } else { RepairAction::Probe };
         let req = op.request.as_ref();

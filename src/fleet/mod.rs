@@ -1,4 +1,4 @@
-//! The fleet view (issue 17): which instance owns which partitions, and
+//! The fleet view: which instance owns which partitions, and
 //! where its API answers, so that the API, the panel and the CLI of any
 //! instance answer for the whole fleet.
 //!

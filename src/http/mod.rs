@@ -1,4 +1,4 @@
-//! The HTTP server inside `reconciler run` (SPEC §10): `/metrics`,
+//! The HTTP server inside `reconciler run`: `/metrics`,
 //! `/healthz`, `/readyz`, the operator API under `/api/` and the exception
 //! panel at `/`.
 //!

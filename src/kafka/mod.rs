@@ -69,7 +69,7 @@ pub enum KafkaError {
     UnknownTopic(String),
     /// The broker's authorizer does not allow this client's principal an
     /// operation the reconciler needs on a topic.
-    #[error("the broker does not allow this client's principal to {operation} topic {topic}, which the reconciler needs to {purpose}: grant it with an ACL (README, \"Kafka permissions\")")]
+    #[error("the broker does not allow this client's principal to {operation} topic {topic}, which the reconciler needs to {purpose}: grant it with an ACL (docs/operations.md, \"Kafka permissions\")")]
     NotAuthorized {
         /// The topic.
         topic: String,
@@ -259,15 +259,15 @@ pub const CONSUMER_DEFAULTS: [(&str, &str); 3] = [("fetch.wait.max.ms", "10"), F
 /// in all by default, or `queued.min.messages` per partition). Its default,
 /// 1,000 ms, starved every consumer that reads a backlog faster than that
 /// queue lasts: the pipeline worked through the 64 MiB in about half a
-/// second, then waited about 0.6 s for the next fetch, once per round of
-/// partitions, half of its wall time on a preloaded topic (its batch log:
+/// second, then waited about 0.6 s for the next fetch, once per pass over
+/// the partitions, half of its wall time on a preloaded topic (its batch log:
 /// 5.07 s of 10.2 s between batches, in 14 pauses of 0.35–0.59 s). At 10
 /// ms, the pace of the fetch wait above, the queue is refilled as it
 /// drains. The queue's limits, and so the most memory it may take, are
 /// unchanged; a consumer that keeps its queue full now holds nearer that
 /// limit (the passthrough's peak RSS 97–109 → 112–124 MB, the pipeline's
-/// the same) (BENCHMARKS.md, "the consumers' prefetch no longer pauses for
-/// a second").
+/// the same) (BENCHMARKS.md, "Defaults chosen by
+/// measurement").
 pub const FETCH_QUEUE_BACKOFF: (&str, &str) = ("fetch.queue.backoff.ms", "10");
 
 /// The most a fetch response carries (a soft limit: a larger record still

@@ -68,7 +68,7 @@ impl ProducerContext for AckContext {
 /// brokers at once rather than on first use: with sparse connections the
 /// idempotent producer found no broker up when it asked for its producer
 /// id at creation and asked again only on its 500 ms timer, so the first
-/// batch's outputs waited 850 ms for their acknowledgement (issue 20).
+/// batch's outputs waited 850 ms for their acknowledgement.
 pub const PRODUCER_DEFAULTS: [(&str, &str); 3] =
     [("compression.type", "lz4"), ("linger.ms", "5"), ("enable.sparse.connections", "false")];
 

@@ -254,7 +254,8 @@ pub fn publish(
     let (codec, _, _) = crate::registry::codec(cfg)?;
     gen.set_codec(codec.clone());
     // The workload's operator decisions are signed as `resolve` signs
-    // them: the reconciler applies them only then (issue 18).
+    // them: the reconciler applies a control event only when it is signed
+    // (see `core::trust`).
     let keys = cfg.security.keys()?;
     let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes)?;
     let bar = if progress { ProgressBar::new(gen.truth().operations) } else { ProgressBar::hidden() };

@@ -2,8 +2,10 @@
 //! most one fault, interleaved the way concurrent services interleave.
 //!
 //! Every story states what the reconciler must conclude from it (verdicts,
-//! anomalies, dead letters) from SPEC §4–§8 alone, while it is built: that
-//! is the ground truth. The core is never asked; a test compares the two.
+//! anomalies, dead letters) from the documented rules alone (the
+//! lifecycle, the anomalies, the verdicts, the timers and the input
+//! validation), while it is built: that is the ground truth. The core is
+//! never asked; a test compares the two.
 //!
 //! One fault per unit keeps each expectation a short argument rather than a
 //! simulation. Units on the same entity never overlap in the stream (the
@@ -11,8 +13,8 @@
 //! unit uses its entity, so entity versions grow in stream order and only
 //! the stale-version story observes an older one, on purpose. A unit whose
 //! operation is left open (it waits for its timers: the overdue verdict,
-//! then the follow-ups of SPEC §11) retires its entity: a later request for
-//! a higher version would supersede it, at a moment that depends on when
+//! then the follow-ups) retires its entity: a later request for a higher
+//! version would supersede it, at a moment that depends on when
 //! the timers fire. The version-bump stories supersede on purpose, inside
 //! one unit.
 
@@ -59,7 +61,7 @@ macro_rules! faults {
 
         impl Faults {
             /// Every fault: field, flag, default rate and description.
-            pub const SPEC: [FaultSpec; FAULT_COUNT] =
+            pub const ALL: [FaultSpec; FAULT_COUNT] =
                 [$( FaultSpec {
                     name: stringify!($field),
                     flag: $flag,
@@ -142,9 +144,9 @@ impl Faults {
     /// Rates must be in [0, 1] and leave room for clean lifecycles.
     pub fn validate(&self) -> Result<(), String> {
         let mut sum = 0.0;
-        for (spec, (_, rate)) in Self::SPEC.iter().zip(self.table()) {
+        for (fault, (_, rate)) in Self::ALL.iter().zip(self.table()) {
             if !(0.0..=1.0).contains(&rate) {
-                return Err(format!("fault rate --{} must be between 0 and 1, got {rate}", spec.flag));
+                return Err(format!("fault rate --{} must be between 0 and 1, got {rate}", fault.flag));
             }
             sum += rate;
         }
@@ -290,7 +292,7 @@ pub struct Options {
     /// runs that only need the counts: the map grows with the operations).
     pub keep_verdicts: bool,
     /// The reconciler's policy the truth is built for: follow-up windows
-    /// and requeue limits (SPEC §11).
+    /// and requeue limits (see [`crate::core::Policy`]).
     pub policy: crate::core::Policy,
     /// The framings the reconciler reads its input in: which dead-letter
     /// class each undecodable record the workload plants gets.
@@ -374,10 +376,11 @@ fn vt(outcome: Outcome, action: Action, at: i64) -> Expected {
     Expected::at(outcome, action, at)
 }
 
-/// SPEC §11 for an operation about to be requeued at event time `at` (by a
-/// timer, or by the event of that time) after `n` automatic requeues, when
-/// nothing ever picks a requeue up: requeued up to `max` times in all, each
-/// one follow-up window after the last, then sent to review.
+/// The requeue follow-ups for an operation about to be requeued at event
+/// time `at` (by a timer, or by the event of that time) after `n` automatic
+/// requeues, when nothing ever picks a requeue up: requeued up to `max`
+/// times in all, each one follow-up window after the last, then sent to
+/// review.
 fn requeues_unanswered(at: i64, by_timer: bool, n: u32, follow_up: i64, max: u32, out: &mut Vec<Expected>) {
     let (mut at, mut by_timer, mut n) = (at, by_timer, n);
     loop {
@@ -503,7 +506,8 @@ impl OpBuilder<'_> {
         ]
     }
 
-    /// Request, start, then the call timed out after sending (seed 000).
+    /// Request, start, then the call timed out after sending: the outcome
+    /// is unknown.
     fn timed_out(&self, version: i64) -> Vec<Event> {
         vec![self.requested(version), self.started(2, 1, "w-1"), self.unknown(3)]
     }
@@ -711,7 +715,7 @@ impl Generator {
             }
             Story::RetryScheduledLate => {
                 // The retry is scheduled two windows ahead and never comes:
-                // not overdue before it has had its own window (SPEC §11).
+                // not overdue before it has had its own window.
                 let next = t0 + 2 * self.opts.confirm_within_ms;
                 evs = vec![b.requested(version), b.started(2, 1, "w-1"), b.failed_until(3, 1, next)];
                 let due = next + self.opts.confirm_within_ms;
@@ -741,10 +745,10 @@ impl Generator {
                 }
             }
             Story::Probed => {
-                // Seed 000 closed by the probe worker: the same version
-                // confirms, another goes to review, nothing found on an
-                // operation that is not idempotent goes to review too (a
-                // requeue could duplicate it).
+                // A timeout after sending, settled by the probe worker: the
+                // same version confirms, another goes to review, nothing
+                // found on an operation that is not idempotent goes to
+                // review too (a requeue could duplicate it).
                 let key = format!("{op_id}-key");
                 evs = vec![b.requested_probed(version, &key), b.started(2, 1, "w-1"), b.unknown(3)];
                 expected.push(vt(O::Ambiguous, A::Probe, deadline));
@@ -877,7 +881,7 @@ impl Generator {
                 confirms = Some(newer_version);
             }
             Story::VersionBump => {
-                // Seed 000: a version change while an operation is pending.
+                // A version change while an operation is pending.
                 // The older one is superseded wherever it stood (pending,
                 // processing or awaiting confirmation) and never requeued;
                 // the newer one completes.

@@ -90,8 +90,8 @@ pub struct GroundTruth {
     pub events: u64,
     /// Of `records`, those that must be dead-lettered.
     pub dead_letters: u64,
-    /// `dead_letters` by the error class the reconciler must give them (SPEC
-    /// §8).
+    /// `dead_letters` by the error class the reconciler must give them (see
+    /// [`crate::codec::DecodeError::class`]).
     pub dead_letters_by_class: BTreeMap<String, u64>,
     /// Settings of the reconciler the truth holds for.
     pub assumes: Assumptions,

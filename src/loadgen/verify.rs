@@ -99,10 +99,11 @@ impl Report {
     }
 }
 
-/// A dead letter's identity: the input record it stands for (SPEC §9:
-/// after a crash the last batch may be published again, its dead letters
-/// included; the copies name the same source). A record without the
-/// provenance headers is told apart by its own position.
+/// A dead letter's identity: the input record it stands for (under
+/// at-least-once delivery, after a crash the last batch may be published
+/// again, its dead letters included; the copies name the same source). A
+/// record without the provenance headers is told apart by its own
+/// position.
 fn dead_letter_source(r: &Record) -> (String, String, String) {
     let header = |name: &str| r.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
     match (header(headers::SOURCE_TOPIC), header(headers::SOURCE_PARTITION), header(headers::SOURCE_OFFSET)) {
@@ -294,7 +295,7 @@ mod tests {
 
     /// Under at-least-once a batch may be published again after a crash,
     /// its dead letters included: a copy names the same input record and
-    /// is the same dead letter (SPEC §9), wherever it landed in the DLQ.
+    /// is the same dead letter, wherever it landed in the DLQ.
     #[test]
     fn a_dead_letter_published_twice_is_counted_once() {
         let cfg = Config::default();

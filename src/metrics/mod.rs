@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §10): one registry, one typed method per fact,
+//! Prometheus metrics: one registry, one typed method per fact,
 //! so that no metric name or label set is spelled anywhere but here.
 //!
 //! Two kinds of metric live here:
@@ -34,6 +34,7 @@ use prometheus::{
 use crate::core::event::ErrorClass;
 
 mod probe;
+pub mod reference;
 mod relay;
 mod restore;
 use crate::core::{
@@ -342,7 +343,7 @@ impl Metrics {
             forged_control_events: counter(
                 &r,
                 "reconciler_forged_control_events_total",
-                "Control events (DeadlineReached, ManualDecision, ProbeFailed) refused for want of a valid signature (issue 18): by body, and whether unsigned or with a bad signature. Each is also a FORGED_CONTROL_EVENT anomaly.",
+                "Control events (DeadlineReached, ManualDecision, ProbeFailed) refused for want of a valid signature: by body, and whether unsigned or with a bad signature. Each is also a FORGED_CONTROL_EVENT anomaly.",
                 &["body", "authenticity"],
             ),
             manual_decisions: counter(
@@ -767,10 +768,10 @@ impl Metrics {
         self.scan_operations.set(operations);
     }
 
-    /// The name of every metric, whether or not it has a value yet
-    /// (dashboards and alert rules are checked against this).
-    pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 35] = [
+    /// Every metric, whether or not it has a value yet (dashboards, alert
+    /// rules and the metrics reference are checked against these).
+    pub fn collectors(&self) -> Vec<&dyn Collector> {
+        let mut all: Vec<&dyn Collector> = vec![
             &self.events,
             &self.dead_letters,
             &self.verdicts,
@@ -807,9 +808,13 @@ impl Metrics {
             &self.scan_duration,
             &self.scan_operations,
         ];
-        let mut names: Vec<String> = all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect();
-        names.extend(self.restore.names());
-        names
+        all.extend(self.restore.collectors());
+        all
+    }
+
+    /// The name of every metric.
+    pub fn names(&self) -> Vec<String> {
+        self.collectors().iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
     }
 
     /// The registry, for metrics registered next to the pipeline's (the

@@ -160,10 +160,10 @@ impl ProbeMetrics {
         self.skipped.with_label_values(&[reason]).inc();
     }
 
-    /// The name of every metric (dashboards and alert rules are checked
-    /// against these).
-    pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 7] = [
+    /// Every metric, whether or not it has a value yet (dashboards, alert
+    /// rules and the metrics reference are checked against these).
+    pub fn collectors(&self) -> Vec<&dyn Collector> {
+        let all: Vec<&dyn Collector> = vec![
             &self.probes,
             &self.queries,
             &self.latency,
@@ -172,6 +172,11 @@ impl ProbeMetrics {
             &self.republished,
             &self.skipped,
         ];
-        all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
+        all
+    }
+
+    /// The name of every metric.
+    pub fn names(&self) -> Vec<String> {
+        self.collectors().iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
     }
 }

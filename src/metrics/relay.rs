@@ -1,4 +1,4 @@
-//! The outbox relay's metrics (`reconciler relay`, issue 19): rows
+//! The outbox relay's metrics (`reconciler relay`): rows
 //! published, publish failures by class, rows moved to dead_letter, and
 //! the outbox itself as the relay last counted it (backlog and age by
 //! status), which the dead-letter alerts watch.
@@ -147,10 +147,10 @@ impl RelayMetrics {
         self.rounds.inc();
     }
 
-    /// The name of every metric (alert rules and dashboards are checked
-    /// against them).
-    pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 7] = [
+    /// Every metric, whether or not it has a value yet (dashboards, alert
+    /// rules and the metrics reference are checked against these).
+    pub fn collectors(&self) -> Vec<&dyn Collector> {
+        let all: Vec<&dyn Collector> = vec![
             &self.published,
             &self.failures,
             &self.dead_lettered,
@@ -159,7 +159,12 @@ impl RelayMetrics {
             &self.oldest,
             &self.readiness.gauge,
         ];
-        all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
+        all
+    }
+
+    /// The name of every metric.
+    pub fn names(&self) -> Vec<String> {
+        self.collectors().iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
     }
 
     /// The outbox as counted: rows and the oldest row's age of `status`.

@@ -1,4 +1,4 @@
-//! Metrics of the state changelog and of restores (issue 17): how each
+//! Metrics of the state changelog and of restores: how each
 //! assigned partition got its state, how long a changelog restore took and
 //! how far one in progress is, and what the changelog still owes.
 
@@ -200,9 +200,10 @@ impl RestoreMetrics {
         self.pending.set(n as i64);
     }
 
-    /// The name of every metric here.
-    pub fn names(&self) -> Vec<String> {
-        let all: [&dyn Collector; 12] = [
+    /// Every metric, whether or not it has a value yet (dashboards, alert
+    /// rules and the metrics reference are checked against these).
+    pub fn collectors(&self) -> Vec<&dyn Collector> {
+        let all: Vec<&dyn Collector> = vec![
             &self.restores,
             &self.records,
             &self.duration,
@@ -216,6 +217,11 @@ impl RestoreMetrics {
             &self.standby_records,
             &self.lost_positions,
         ];
-        all.iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
+        all
+    }
+
+    /// The name of every metric.
+    pub fn names(&self) -> Vec<String> {
+        self.collectors().iter().flat_map(|c| c.desc()).map(|d| d.fq_name.clone()).collect()
     }
 }

@@ -1,4 +1,4 @@
-//! A check of what the state store promises (SPEC §11): the reconciliation
+//! A check of what the state store promises: the reconciliation
 //! does not stop at the first verdict, so every operation that is not with
 //! a person (MANUAL_REVIEW) has a next timer, and that timer is in the
 //! index the timer wheel reads. Run by `reconciler loadgen verify

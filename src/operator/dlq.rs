@@ -70,7 +70,7 @@ pub struct DeadLetter {
     /// Length of the value kept in the DLQ (`None`: null value).
     pub value_bytes: Option<usize>,
     /// Error class (`reconciler.error.class`: `bad_magic`, `oversize`, ...;
-    /// SPEC §8).
+    /// see [`crate::codec::DecodeError::class`]).
     pub class: String,
     /// Why the record could not be used (`reconciler.error.message`).
     pub message: String,

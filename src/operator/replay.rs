@@ -4,7 +4,8 @@
 //!
 //! The replay writes nothing to live topics: its timers never fire (its
 //! clock reads "the beginning of time", so every overdue verdict comes from
-//! the `DeadlineReached` events already in the log, as SPEC §7 requires),
+//! the `DeadlineReached` events already in the log: timers are input, so a
+//! replay judges them as the live run did),
 //! and its outputs are either discarded or, with an output prefix, published
 //! to scratch topics `{prefix}.verdicts`, ... which can then be compared
 //! with the live verdict topic.

@@ -32,8 +32,8 @@ pub const PRODUCER: &str = "reconciler-operator";
 pub struct ResolveRequest {
     /// The operation decided on.
     pub operation_id: String,
-    /// What to do: confirm, requeue, compensate or close (SPEC §4
-    /// `ManualDecision`).
+    /// What to do: confirm, requeue, compensate or close (the decision of a
+    /// `ManualDecision` event).
     pub decision: Decision,
     /// Who decides; must not be empty.
     pub actor: String,
@@ -49,17 +49,17 @@ pub struct ResolveRequest {
 pub struct PreparedDecision {
     /// The operation's partition: the event goes there, beside its state.
     pub partition: i32,
-    /// The `ManualDecision` event; its id follows from the review round and the
-    /// decision's content.
+    /// The `ManualDecision` event; its id follows from the verdict under
+    /// review and the decision's content.
     pub event: Event,
 }
 
 /// Checks `req` against the operation's state in `store` and builds its
 /// event, stamped with wall-clock time `now` (ms).
 ///
-/// The event id is derived from the review round (the last verdict) and the
-/// decision's content: sending the same decision twice yields one event id,
-/// which the core then counts as a duplicate delivery.
+/// The event id is derived from the verdict under review (the last verdict)
+/// and the decision's content: sending the same decision twice yields one
+/// event id, which the core then counts as a duplicate delivery.
 pub fn prepare(store: &Store, req: &ResolveRequest, now: i64) -> Result<PreparedDecision, OperatorError> {
     if req.actor.trim().is_empty() {
         return Err(OperatorError::Invalid("the actor (who decides) must not be empty".into()));
@@ -70,9 +70,9 @@ pub fn prepare(store: &Store, req: &ResolveRequest, now: i64) -> Result<Prepared
     let (partition, op) =
         locate(store, &req.operation_id)?.ok_or_else(|| OperatorError::NotFound(req.operation_id.clone()))?;
     check(&op, req.decision)?;
-    let round = op.last_verdict.as_ref().map_or("", |v| v.verdict_id.as_str());
+    let last = op.last_verdict.as_ref().map_or("", |v| v.verdict_id.as_str());
     let parts =
-        [&op.operation_id, round, req.decision.as_str(), &req.actor, &req.note, &req.evidence_checked.join("\u{1e}")];
+        [&op.operation_id, last, req.decision.as_str(), &req.actor, &req.note, &req.evidence_checked.join("\u{1e}")];
     let event_id = crate::core::ids::v5(&NAMESPACE, &parts);
     let event = Event {
         event_id,

@@ -7,7 +7,7 @@
 //! MANUAL_REVIEW, so the queue is exactly the operations in that state.
 //! AMBIGUOUS/PROBE and MISSING/REQUEUE are for machines: those cases wait
 //! for their follow-up ([`Waiting::Machine`]), and come to the queue when
-//! it passes unanswered (SPEC §11). A person may decide them before.
+//! it passes unanswered. A person may decide them before.
 
 use serde::{Deserialize, Serialize};
 

@@ -230,7 +230,7 @@ fn timeline_keeps_the_latest_entries_up_to_the_cap_and_the_digest_is_stable() {
     assert_eq!(after, state_digest(&h.store).unwrap());
 }
 
-/// SPEC §11: a PROBE case waits for a machine, listed apart from the review
+/// A PROBE case waits for a machine, listed apart from the review
 /// queue with its follow-up time; a person may still decide it.
 #[test]
 fn machine_cases_are_listed_with_their_follow_up_and_accept_decisions() {
@@ -293,7 +293,7 @@ fn audit_reports_an_open_operation_without_a_timer() {
     );
 }
 
-/// Issue 18: control events that do not carry a signature of a configured
+/// Control events that do not carry a signature of a configured
 /// key change nothing (not even the event ids the genuine ones will use),
 /// are flagged FORGED_CONTROL_EVENT with the producer and position, and
 /// show in `explain`; a signature of a key rotated out is refused, one of

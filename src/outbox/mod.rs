@@ -1,5 +1,5 @@
-//! The producing side of seed 003: a transactional outbox in PostgreSQL
-//! and the relay that publishes it to the input topic (issue 19).
+//! The producing side: a transactional outbox in PostgreSQL and the relay
+//! that publishes it to the input topic.
 //!
 //! A service writes each lifecycle event into the outbox table in the same
 //! transaction that changes its own data ([`enqueue`]; any language can do
@@ -10,7 +10,8 @@
 //! and marks them published: at least once, each entity's events in
 //! commit order, however many relays run (see [`claim`] for why).
 //!
-//! - `claim`: the SQL of one round: claim, mark, fail, count.
+//! - `claim`: the SQL of one relay round (one claimed batch): claim, mark,
+//!   fail, count.
 //! - `relay`: the loop: LISTEN/NOTIFY and polling, publishing, back-off.
 //! - `dead_letter`: the rows that failed `max_attempts` times: list,
 //!   re-drive (with a dry run and an audit record).

@@ -399,7 +399,7 @@ impl<'a> Applier<'a> {
                 debug!(operation_id = %op.operation_id, entity_id = %op.entity_id, partition = p, offset = r.offset, "Event held for reordering");
             }
             self.emit(&mut outputs, silent, &mut batch, stats)?;
-            // The operations its request replaced (SPEC §11), each noted in
+            // The operations its request replaced (supersede), each noted in
             // its own timeline.
             for s in &step.supersede {
                 let older = self.slot(&mut ops, p, &s.operation_id)?;

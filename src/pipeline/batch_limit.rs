@@ -3,17 +3,16 @@
 //! Small after start-up or an idle poll, doubling while batches come back
 //! full, up to `[consumer] batch_size`. That size is chosen for CPU:
 //! larger batches walk more memory than the core's cache holds
-//! (BENCHMARKS.md, "smaller batches"). But each batch may also wait for
+//! (BENCHMARKS.md, "Defaults chosen by measurement"). But each batch may also wait for
 //! the broker: the loop waits for the oldest batch in flight when too many
-//! are behind the changelog (see `in_flight.rs`; until issue 20's
-//! pipelined outputs, every batch's outputs waited for the previous
-//! batch's acknowledgements). When input comes in faster than the loop takes it, and
-//! that wait is a large share of each cycle, the configured size loses
-//! more to the wait than it saves in cache. The backlog then takes many
+//! are behind the changelog (see `in_flight.rs`). When input comes in
+//! faster than the loop takes it, and that wait is a large share of each
+//! cycle, the configured size loses more to the wait than it saves in
+//! cache. The backlog then takes many
 //! cycles to clear, and the tail latency grows. Measured at 40,000
 //! records/s on two shared cores: the wait was two fifths of each cycle
 //! at 2,000 records, and batches of 5,000 gave a p99 event→verdict of
-//! 184 and 306 ms against 979 and 1,111 ms (BENCHMARKS.md, issue 20).
+//! 184 and 306 ms against 979 and 1,111 ms (BENCHMARKS.md).
 //! So, while batches come back full and the smoothed share of the wait
 //! stays above [`GROW_AT`], the limit keeps doubling, up to [`STRETCH`]
 //! times the configured size. It halves back when the share falls below

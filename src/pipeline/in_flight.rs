@@ -57,11 +57,11 @@ use crate::store::{changelog, Store};
 
 /// Most batches in flight behind the changelog before the run loop waits
 /// for the oldest. Each changelog round trip takes a few batches' time
-/// when the broker is busy: at 35,000 records/s on the test broker, with
-/// the broker and the pipeline sharing two cores, groups of up to five
+/// when the broker is busy: at 35,000 records/s on a single-node broker
+/// sharing two cores with the pipeline, groups of up to five
 /// batches formed, and with at most 4 the loop still waited 4.0 of its
 /// 11.4 busy seconds; with 8 it waited 1.5–2.1 s, for the same
-/// event→verdict latency (BENCHMARKS.md, issue 20). Bounds the memory the
+/// event→verdict latency (BENCHMARKS.md). Bounds the memory the
 /// batches in flight hold (their outputs and changelog records) and how
 /// much a failure publishes again.
 pub(super) const MAX_PUBLISHING: usize = 8;

@@ -262,7 +262,7 @@ impl Pipeline {
         // the affinity mask and cgroup files, too much for every batch.
         cfg.consumer.apply_threads = cfg.consumer.apply_lanes();
         // First: an instance that could neither sign its timers nor accept
-        // a decision must not start (issue 18).
+        // a decision must not start (see `core::trust`).
         let keys = cfg.security.keys()?;
         if cfg.security.allow_unsigned_control {
             warn!("security.allow_unsigned_control = true: control events (DeadlineReached, ManualDecision, ProbeFailed) are applied without checking their signature; any producer with write access to the input can force overdue verdicts and decide review cases");
@@ -274,7 +274,7 @@ impl Pipeline {
         }
         let t = &cfg.topics;
         // Each start-up step's time at debug: the time to the first
-        // verdict is a target (issue 20).
+        // verdict is a benchmark target (benches/e2e.rs).
         let began = Instant::now();
         let step = |what: &str| debug!(ms = began.elapsed().as_millis() as u64, "Start-up: {what}");
         // The store opens on a thread of its own while the broker answers
@@ -827,7 +827,7 @@ impl Pipeline {
     }
 }
 
-/// The topic rights a running pipeline needs (README, "Kafka permissions").
+/// The topic rights a running pipeline needs (docs/operations.md, "Kafka permissions").
 fn topic_needs(t: &crate::config::Topics) -> Vec<permissions::Need> {
     use permissions::{Need, Operation::*};
     let mut needs = vec![

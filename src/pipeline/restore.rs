@@ -30,7 +30,7 @@
 //! (state is a function of the log prefix), and the outputs it publishes
 //! start at the group's committed offset. Outputs between the committed
 //! offset and what the previous owner had published are published again,
-//! byte-identical with the same ids (at-least-once, SPEC §9). If the
+//! byte-identical with the same ids (at-least-once delivery). If the
 //! committed offset cannot be read, nothing is restored silently: the
 //! partition is processed from the local offset with publishing, which only
 //! repeats byte-identical outputs.

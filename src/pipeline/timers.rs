@@ -1,4 +1,4 @@
-//! The timer wheel (SPEC §7): the timer index in the store, compared with
+//! The timer wheel: the timer index in the store, compared with
 //! the wall clock, becomes `DeadlineReached` events in the input log, so
 //! that every timeout is judged when it is consumed and a replay reproduces
 //! it without a clock.

@@ -1,7 +1,7 @@
 //! `reconciler probe`: the worker that asks destinations whether an effect
 //! exists, so that an AMBIGUOUS/PROBE verdict is settled without a person
-//! (seed 000: query by the idempotency key; the same version confirms,
-//! nothing found schedules a new send, another version goes to review).
+//! (query by the idempotency key; the same version confirms, nothing found
+//! schedules a new send, another version goes to review).
 //!
 //! It consumes the PROBE commands the pipeline publishes, queries the
 //! operation's destination (`[destinations.<name>]`: HTTP or PostgreSQL),

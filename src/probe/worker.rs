@@ -152,7 +152,7 @@ struct Flow {
 }
 
 /// Turns finished queries into answers, stores them, publishes them and
-/// moves the offsets: what the loop does each round and the revoke hook
+/// moves the offsets: what the loop does on each pass and the revoke hook
 /// does once more before partitions are released.
 struct Settler {
     codec: Codec,
@@ -171,7 +171,7 @@ pub struct ProbeWorker {
     codec: Codec,
     redactor: Redactor,
     /// Signs every answer: a `ProbeFailed` is applied only signed, and the
-    /// others are then known to be the worker's (issue 18).
+    /// others are then known to be the worker's (see `core::trust`).
     keys: ControlKeys,
     ledger: Arc<Ledger>,
     destinations: Arc<BTreeMap<String, Arc<Destination>>>,
@@ -416,8 +416,8 @@ impl ProbeWorker {
 }
 
 impl Settler {
-    /// Settles one round: the queries in `done` become answers, stored in
-    /// the ledger (synced) before anything is published; with the answers
+    /// Settles one pass of the loop: the queries in `done` become answers,
+    /// stored in the ledger (synced) before anything is published; with the answers
     /// found `stored` in the ledger and the places that waited for them,
     /// they are published, their offsets finished, and each partition's
     /// offset written to the ledger past its contiguous finished commands.

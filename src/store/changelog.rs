@@ -1,4 +1,4 @@
-//! The state changelog (SPEC §12): every write of a batch to the store, as
+//! The state changelog: every write of a batch to the store, as
 //! records of a compacted topic, so that the state of a partition can be
 //! rebuilt on another machine without the input's history.
 //!
@@ -20,7 +20,8 @@
 //! (a changelog named in the settings does not follow `[topics] events`) would
 //! otherwise restore each other's state. A restore that meets another
 //! input's offsets record stops (and the partition replays its input);
-//! records of versions before the name was added (8 bytes) are accepted.
+//! an offsets record of 8 bytes, without the name (as older versions
+//! wrote it), is accepted.
 //! It is a check, not a separation: both pipelines write the same offsets
 //! keys, so once compaction keeps only the latest one the other input may
 //! no longer show. Each input needs a changelog of its own.

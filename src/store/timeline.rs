@@ -206,7 +206,7 @@ pub struct TimelineEntry {
     /// The event's id.
     pub event_id: String,
     /// Its revision of the operation record; `None` for an observation from
-    /// outside it (SPEC §4).
+    /// outside it (the event's seq is null).
     pub seq: Option<i64>,
     /// The body's union branch (`Requested`, `Started`, ...).
     pub body: String,

@@ -175,11 +175,12 @@ fn forged_control_events_change_nothing_signed_ones_apply_and_a_replay_agrees() 
     );
 }
 
-/// The ACLs README's "Kafka permissions" table lists, for `cfg`: one
+/// The ACLs the "Kafka permissions" table of docs/operations.md lists, for `cfg`: one
 /// (resource type, name, operations) per row.
-fn readme_acls(cfg: &reconciler::config::Config) -> Vec<(String, String, Vec<String>)> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme.split("### Kafka permissions").nth(1).expect("README has a Kafka permissions section");
+fn documented_acls(cfg: &reconciler::config::Config) -> Vec<(String, String, Vec<String>)> {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+    let section =
+        page.split("### Kafka permissions").nth(1).expect("docs/operations.md has a Kafka permissions section");
     let t = &cfg.topics;
     let txn = cfg.transactional_id();
     let mut rows = Vec::new();
@@ -197,12 +198,14 @@ fn readme_acls(cfg: &reconciler::config::Config) -> Vec<(String, String, Vec<Str
             "topics.changelog" => t.changelog().expect("on").to_owned(),
             "consumer.group_id" => cfg.consumer.group_id.clone(),
             "consumer.transactional_id" => txn.clone(),
-            other => panic!("README's Kafka permissions name a setting this test does not know: {other}"),
+            other => {
+                panic!("The Kafka permissions of docs/operations.md name a setting this test does not know: {other}")
+            }
         };
         let ops = cells[3].split(',').map(|o| o.trim().to_owned()).collect();
         rows.push((cells[1].to_owned(), name, ops));
     }
-    assert!(rows.len() >= 8, "README's Kafka permissions table: {rows:?}");
+    assert!(rows.len() >= 8, "the Kafka permissions table of docs/operations.md: {rows:?}");
     rows
 }
 
@@ -221,7 +224,7 @@ fn acl(port: u16, tls: &std::path::Path, verb: &str, kind: &str, name: &str, ope
 /// (`SASL_SSL`; a certificate authority and a broker certificate made
 /// here) and the KRaft authorizer, nothing allowed without an ACL (`
 /// scripts/broker.sh start kafka-secure`, on a port of its own). The
-/// reconciler's principal is granted exactly the ACLs README lists, on
+/// reconciler's principal is granted exactly the ACLs docs/operations.md lists, on
 /// topics created beforehand by an administrator:
 /// - a wrong password fails at start-up, at once, with the broker's reason;
 /// - without Write on the verdicts topic, the start is refused, naming the
@@ -229,7 +232,7 @@ fn acl(port: u16, tls: &std::path::Path, verb: &str, kind: &str, name: &str, ope
 /// - with the listed rights, it runs the demo workload to its predicted
 ///   verdicts.
 #[test]
-fn over_sasl_ssl_with_the_readme_acls_it_runs_and_a_missing_right_or_password_fails_at_start() {
+fn over_sasl_ssl_with_the_documented_acls_it_runs_and_a_missing_right_or_password_fails_at_start() {
     let _serial = common::serial();
     let tls = common::temp_dir("tls");
     common::tls::make(&tls);
@@ -262,7 +265,7 @@ fn over_sasl_ssl_with_the_readme_acls_it_runs_and_a_missing_right_or_password_fa
     reconciler::kafka::admin::ensure_changelog(&admin, &marks, t.changelog().expect("on"), &t.events, 1).unwrap();
     drop(marks);
     cfg.kafka = sasl("reconciler", "reconciler-scram-secret");
-    let acls = readme_acls(&cfg);
+    let acls = documented_acls(&cfg);
     for (kind, name, ops) in &acls {
         acl(port, &tls, "--add", kind, name, ops);
     }
@@ -297,7 +300,7 @@ fn over_sasl_ssl_with_the_readme_acls_it_runs_and_a_missing_right_or_password_fa
     running.stop();
     assert!(settled, "the predicted {want} verdicts did not arrive over SASL_SSL");
     println!(
-        "SASL_SSL + ACLs: wrong password refused in {took:?}; missing Write on verdicts refused at start ({err}); {want} verdicts with the {} ACL rows of README",
+        "SASL_SSL + ACLs: wrong password refused in {took:?}; missing Write on verdicts refused at start ({err}); {want} verdicts with the {} ACL rows of docs/operations.md",
         acls.len()
     );
 }

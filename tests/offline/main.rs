@@ -8,6 +8,7 @@
 mod changelog;
 mod cli;
 mod codec;
+mod docs;
 mod fuzz_corpus;
 mod golden;
 mod lanes;
