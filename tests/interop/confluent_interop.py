@@ -10,10 +10,12 @@ the .avsc files in schemas/. Driven by the Rust tests through
 stdout, failures a message on stderr and a non-zero exit.
 
   produce --brokers B --registry URL --topic T --events FILE [--schema PATH] [--subject S]
+          [--compression CODEC]
       Registers PATH (default schemas/operation_event.avsc, its text as it is)
       under T-value (or S) and produces FILE's events to T, keys as UTF-8 strings,
       with the project's producer settings (idempotent, the Java client's
-      murmur2 partitioner). FILE holds one JSON object a line:
+      murmur2 partitioner), batches compressed with CODEC (none, gzip,
+      snappy, lz4 or zstd; default none). FILE holds one JSON object a line:
         {"key": "cust-1", "event": {...OperationEvent...}}
       with timestamp-millis fields as integer milliseconds, nullable fields
       as the value or null, enums as their symbol, and the `body` union as
@@ -115,7 +117,9 @@ def produce(args):
         conf["subject.name.strategy"] = lambda ctx, record_name: args.subject
     serializer = AvroSerializer(registry, Schema(schema_text, "AVRO"), conf=conf)
     key_serializer = StringSerializer("utf_8")
-    producer = Producer({"bootstrap.servers": args.brokers, **PRODUCER_SETTINGS})
+    producer = Producer(
+        {"bootstrap.servers": args.brokers, "compression.type": args.compression, **PRODUCER_SETTINGS}
+    )
 
     failures = []
     delivered = [0]
@@ -323,6 +327,7 @@ def main():
     p.add_argument("--events", required=True)
     p.add_argument("--schema", default=EVENT_SCHEMA)
     p.add_argument("--subject")
+    p.add_argument("--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
     p.set_defaults(run=produce)
 
     p = sub.add_parser("consume")
