@@ -321,24 +321,6 @@ fn set_state_dir(cfg: &mut Config, dir: Option<std::path::PathBuf>) {
     }
 }
 
-/// The error and its causes, each said once: library errors often repeat
-/// their source in their own message ("metadata of t: BrokerTransportFailure")
-/// and `{:#}` would print it again.
-fn causes(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
-}
-
 fn main() -> ExitCode {
     // Crash points armed by FAILPOINTS (test builds only; see src/pipeline/faults.rs).
     #[cfg(feature = "failpoints")]
@@ -363,20 +345,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", causes(&e));
+            eprintln!("error: {}", reconciler::report::error_causes(&e));
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// A cause already said by the message that wraps it is not repeated.
-    #[test]
-    fn error_causes_are_said_once() {
-        let e = anyhow::Error::msg("BrokerTransportFailure")
-            .context("metadata of t: BrokerTransportFailure")
-            .context("reading the DLQ");
-        assert_eq!(super::causes(&e), "reading the DLQ: metadata of t: BrokerTransportFailure");
     }
 }

@@ -57,3 +57,33 @@ pub fn render(r: &DemoReport) -> String {
     }
     s
 }
+
+/// An error and its causes, each said once, for the terminal: library
+/// errors often repeat their source in their own message ("metadata of t:
+/// BrokerTransportFailure") and `{:#}` would print it again.
+pub fn error_causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    /// A cause already said by the message that wraps it is not repeated.
+    #[test]
+    fn error_causes_are_said_once() {
+        let e = anyhow::Error::msg("BrokerTransportFailure")
+            .context("metadata of t: BrokerTransportFailure")
+            .context("reading the DLQ");
+        assert_eq!(super::error_causes(&e), "reading the DLQ: metadata of t: BrokerTransportFailure");
+    }
+}

@@ -233,7 +233,7 @@ pub struct Consumer {
     /// Under a backlog that keeps the loop waiting for acknowledgements,
     /// batches stretch up to four times this size; they halve back to it
     /// once that wait is a small share of each cycle, and an idle poll
-    /// starts from a small batch again (see `pipeline::batch_limit`).
+    /// starts from a small batch again.
     pub batch_size: usize,
     /// Longest wait to fill a batch, in ms.
     pub batch_wait_ms: u64,
@@ -335,7 +335,7 @@ impl Default for Consumer {
     }
 }
 
-/// Time rules, all in milliseconds of event time (the `at` of the events).
+/// Time rules, all in milliseconds of event time (the `occurred_at` of the events).
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Time {
@@ -431,7 +431,10 @@ pub struct Http {
     /// (announced on `[topics] fleet`), e.g. `http://10.0.3.7:9464`.
     /// Default: `http://` and the bind address, unless that is a wildcard
     /// (0.0.0.0, ::), which no one else can reach: then this instance is
-    /// not announced, and says so at start-up.
+    /// not announced, and says so at start-up. A loopback bind (the
+    /// default `127.0.0.1:9464`) is announced as it is, which only other
+    /// instances on the same host can reach: a fleet over several hosts
+    /// sets this on each instance.
     pub advertised_url: Option<String>,
     /// The request header an authenticating proxy in front of the API sets
     /// to the caller's identity (e.g. `X-Forwarded-User`). When set, a
@@ -635,10 +638,11 @@ pub struct Config {
     /// its position is lost.
     pub consumer: Consumer,
     /// Deadlines, the reorder window, retention and follow-ups, in
-    /// milliseconds of event time (the `at` of the events).
+    /// milliseconds of event time (the `occurred_at` of the events).
     pub time: Time,
     /// Policy per operation type: a table `[types.<name>]` for the events
-    /// whose `type` is `<name>`; a key left out takes the `[time]` default.
+    /// whose `operation_type` is `<name>`; a key left out takes the
+    /// `[time]` default.
     pub types: BTreeMap<String, TypeConfig>,
     /// Redaction of free-text evidence before it is stored or published.
     pub redaction: Redaction,
@@ -678,7 +682,8 @@ pub struct Config {
     /// encoding, or the Confluent schema-registry framing.
     pub codec: CodecConfig,
     /// The schema registry that the Confluent framing names schemas in
-    /// (the Confluent REST API). Needed when a side of `[codec]` is
+    /// (the Confluent REST API). Needed when `[codec]` reads or writes that
+    /// framing: `input` is `confluent` or `both`, or `output` is
     /// `confluent`.
     pub schema_registry: SchemaRegistryConfig,
 }

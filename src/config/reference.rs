@@ -143,13 +143,21 @@ fn kind(prop: &Value) -> String {
         _ => "value",
     };
     match ty {
-        "array" => format!("list of {}s", kind(&prop["items"])),
+        "array" => format!("list of {}", plural(&kind(&prop["items"]))),
         "object" => match prop.get("additionalProperties") {
-            Some(v) if v.is_object() => format!("table of {}s", kind(v)),
+            Some(v) if v.is_object() => format!("table of {}", plural(&kind(v))),
             _ => "table".into(),
         },
         "integer" if prop["minimum"].as_f64() == Some(0.0) => "integer (0 or more)".into(),
         other => other.into(),
+    }
+}
+
+/// `integer (0 or more)` as `integers (0 or more)`.
+fn plural(kind: &str) -> String {
+    match kind.split_once(' ') {
+        Some((noun, rest)) => format!("{noun}s {rest}"),
+        None => format!("{kind}s"),
     }
 }
 
@@ -225,9 +233,10 @@ Kafka would refuse). `reconciler config` prints the configuration in effect,
 secrets redacted. [`reconciler.example.toml`](../reconciler.example.toml)
 sets every key to its default.
 
-Durations are in milliseconds (`_ms`) unless the key says otherwise; the
-`[time]` durations are in event time (the `at` of the events), the others
-in wall-clock time.
+Durations are in milliseconds (`_ms`) unless the key says otherwise. The
+windows of `[time]` and `[types.<name>]` are in event time (the
+`occurred_at` of the events: a replay decides as the live run did);
+`time.timer_interval_ms` and every other duration are wall-clock time.
 ";
 
 /// The whole reference page, as committed in `docs/configuration.md`.

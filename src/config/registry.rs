@@ -76,8 +76,8 @@ impl SubjectNaming {
 #[serde(deny_unknown_fields, default)]
 pub struct SchemaRegistryConfig {
     /// Base URL (`http://registry:8081`, or Apicurio's
-    /// `http://registry:8080/apis/ccompat/v7`). Required when a side of
-    /// `[codec]` is `confluent`.
+    /// `http://registry:8080/apis/ccompat/v7`). Required when `[codec]`
+    /// `input` is `confluent` or `both`, or `output` is `confluent`.
     pub url: String,
     /// Environment variable holding the basic-auth user name ("": none).
     pub username_env: String,

@@ -313,7 +313,7 @@ impl Metrics {
             commands: counter(
                 &r,
                 "reconciler_repair_commands_total",
-                "Repair commands published (act mode), by action.",
+                "Commands published on the commands topic, by action: PROBE (in both modes) and REQUEUE (act mode).",
                 &["action"],
             ),
             attempt_failures: counter(
@@ -400,7 +400,7 @@ impl Metrics {
             outbox_republished: int_counter(
                 &r,
                 "reconciler_outbox_republished_total",
-                "Outputs of a previous run re-published from the outbox at start.",
+                "Outputs a previous run stored but left unacknowledged by the broker, re-published at start (the pipeline's output outbox in its state store).",
             ),
             transactions: counter(
                 &r,
@@ -453,7 +453,7 @@ impl Metrics {
             outbox_pending: int_gauge(
                 &r,
                 "reconciler_outbox_pending",
-                "Outputs stored but not yet acknowledged by the broker.",
+                "Outputs in the pipeline's output outbox: stored with their batch, not yet acknowledged by the broker.",
             ),
             dlq_waiting: {
                 let g = int_gauge_vec(
@@ -476,7 +476,7 @@ impl Metrics {
             ready_gauge: int_gauge(
                 &r,
                 "reconciler_ready",
-                "1 when owned partitions are restored, the outbox re-published, publishing not refused and the broker answering, else 0.",
+                "1 when owned partitions are restored, the outputs a previous run left unacknowledged re-published, publishing not refused, the broker answering and the pipeline not stopped, else 0.",
             ),
             broker_last_answer: gauge(
                 &r,

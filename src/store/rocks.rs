@@ -713,7 +713,8 @@ impl Store {
     }
 
     /// How many timeline entries `operation_id` has received in all.
-    pub fn timeline_total(&self, partition: i32, operation_id: &str) -> Result<u64, StoreError> {
+    #[cfg(test)]
+    pub(crate) fn timeline_total(&self, partition: i32, operation_id: &str) -> Result<u64, StoreError> {
         Ok(self.load_op(partition, operation_id)?.1.total)
     }
 

@@ -44,7 +44,7 @@ fn bad_environment_override_fails_naming_the_field() {
     assert!(out.contains("topics.partitions"), "{out}");
 }
 
-/// Issue 18: an instance that could neither sign its timers nor accept a
+/// An instance that could neither sign its timers nor accept a
 /// decision does not start; the error names the field and the way out.
 #[test]
 fn run_without_control_keys_fails_at_start_naming_the_field() {
@@ -57,7 +57,7 @@ fn run_without_control_keys_fails_at_start_naming_the_field() {
     assert!(out.contains("security.control_keys[0]") && out.contains("at least 16"), "{out}");
 }
 
-/// Issue 19: the relay and the outbox commands without a database (or with
+/// The relay and the outbox commands without a database (or with
 /// a bad setting) fail at once, naming the field; before any broker is
 /// asked.
 #[test]
@@ -71,6 +71,31 @@ fn relay_without_its_connection_variable_fails_at_start_naming_the_field() {
     assert!(!ok && out.contains("relay.batch_size"), "{out}");
     let (ok, out) = reconciler(&["relay"], &[("OUTBOX_DATABASE_URL", "host=")]);
     assert!(!ok && out.contains("not a PostgreSQL connection string"), "{out}");
+}
+
+/// librdkafka's property names hold dots, which a variable name cannot:
+/// `RECONCILER_KAFKA` takes a TOML inline table, merged key by key over the
+/// file's `[kafka]` (how a SASL password stays out of the file).
+#[test]
+fn kafka_properties_from_the_environment_merge_over_the_file() {
+    let path = config_file(
+        "kafka-env",
+        "[kafka]\n\"bootstrap.servers\" = \"k1:9093\"\n\"security.protocol\" = \"SASL_SSL\"\n",
+    );
+    let (ok, out) = reconciler(
+        &["--config", path.to_str().unwrap(), "config"],
+        &[("RECONCILER_KAFKA", r#"{ "sasl.password" = "s3cret-from-env", "sasl.username" = "recon" }"#)],
+    );
+    assert!(ok, "{out}");
+    for line in [
+        r#""bootstrap.servers" = "k1:9093""#,
+        r#""security.protocol" = "SASL_SSL""#,
+        r#""sasl.username" = "recon""#,
+        r#""sasl.password" = "[REDACTED]""#,
+    ] {
+        assert!(out.lines().any(|l| l == line), "no {line} in:\n{out}");
+    }
+    assert!(!out.contains("s3cret-from-env"), "{out}");
 }
 
 #[test]
