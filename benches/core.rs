@@ -120,7 +120,7 @@ fn bench(c: &mut Criterion) {
 /// One RocksDB write of what a 5,000-record batch changes: the states of
 /// the operations it touched, their timers, offsets and the outbox.
 fn store_commit(c: &mut Criterion) {
-    use reconciler::records::OutboxRecord;
+    use reconciler::records::ProducerRecord;
     use reconciler::store::{Batch, Store};
     let codec = Codec::new();
     let mut cfg = Config::default();
@@ -130,9 +130,9 @@ fn store_commit(c: &mut Criterion) {
     let mut engine = MemoryEngine::new();
     let mut outputs = Vec::new();
     engine.replay(&policy, evs.iter().cloned(), 0, &mut outputs);
-    let outbox: Vec<OutboxRecord> = outputs
+    let outbox: Vec<ProducerRecord> = outputs
         .iter()
-        .map(|o| OutboxRecord {
+        .map(|o| ProducerRecord {
             topic: "ops.verdicts".into(),
             key: Some(o.entity_id().as_bytes().to_vec()),
             value: Some(match o {

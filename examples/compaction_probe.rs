@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use reconciler::kafka::{admin, producer::Publisher, reader};
-use reconciler::records::OutboxRecord;
+use reconciler::records::ProducerRecord;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let unique = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
     let topic = format!("compaction-probe-{unique}");
     admin::ensure_compacted(&kafka, &topic, 1, 1)?;
-    let record = |k: &str, v: Option<&str>| OutboxRecord {
+    let record = |k: &str, v: Option<&str>| ProducerRecord {
         topic: topic.clone(),
         key: Some(k.as_bytes().to_vec()),
         value: v.map(|v| v.as_bytes().to_vec()),

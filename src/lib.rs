@@ -20,7 +20,9 @@
 //!   - `core/trust.rs`: which events only the reconciler may write, and the
 //!     anomaly of one that does not prove it.
 //! - [`clock`]: the wall clock, injected (depends on nothing); [`retry`]:
-//!   exponential back-off with jitter (pure).
+//!   exponential back-off with jitter (pure); [`crash`]: the crash points
+//!   of the reliability suites, every program's steps named in one place
+//!   (depends on nothing; off in release builds).
 //! - [`codec`]: Avro against the schemas in `schemas/`, single-object
 //!   encoded or in the Confluent schema-registry framing (`codec/framing.rs`).
 //! - [`config`]: the configuration file, its defaults and checks.
@@ -42,8 +44,7 @@
 //! - [`pipeline`]: the run loop; it decides. `pipeline/apply.rs` (a batch's
 //!   work), `pipeline/restore.rs` (where a moved partition is restored, and
 //!   the zombie fence), `pipeline/timers.rs` (where timers fire),
-//!   `pipeline/sampler.rs` (the state gauges), `pipeline/faults.rs` (crash
-//!   points of the reliability suites, off in release builds).
+//!   `pipeline/sampler.rs` (the state gauges).
 //! - [`fleet`]: which instance owns which partitions and where its API
 //!   answers (the fleet topic), and asking the members.
 //! - [`operator`]: explain, review, resolve, replay, DLQ re-drive (the
@@ -61,6 +62,7 @@
 //! - [`cli`]: the command line (every clap type lives there).
 
 pub mod clock;
+pub mod crash;
 
 #[cfg(feature = "io")]
 pub mod cli;

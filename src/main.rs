@@ -322,7 +322,7 @@ fn set_state_dir(cfg: &mut Config, dir: Option<std::path::PathBuf>) {
 }
 
 fn main() -> ExitCode {
-    // Crash points armed by FAILPOINTS (test builds only; see src/pipeline/faults.rs).
+    // Crash points armed by FAILPOINTS (test builds only; see src/crash.rs).
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
     // Before the work allocates: huge pages cost a short run a fifth of its

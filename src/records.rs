@@ -1,5 +1,5 @@
 //! The shapes every layer passes around: a record as consumed
-//! ([`Record`]), a record as it will be published ([`OutboxRecord`]), and
+//! ([`Record`]), a record as it will be published ([`ProducerRecord`]), and
 //! the conversions between them and the core's events and outputs: decoding
 //! an input record (or why it is a dead letter), the dead letter itself
 //! with its provenance headers, and the records of events and
@@ -53,7 +53,7 @@ impl Record {
 
 /// A record to publish, exactly as it will go to the broker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutboxRecord {
+pub struct ProducerRecord {
     /// The destination topic.
     pub topic: String,
     /// The key (the entity, for the core's outputs).
@@ -67,7 +67,7 @@ pub struct OutboxRecord {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
-impl OutboxRecord {
+impl ProducerRecord {
     /// At least the bytes it takes stored (postcard: each field's bytes
     /// plus at most 10 bytes of length and tag), for sizing buffers.
     pub fn stored_size(&self) -> usize {
@@ -81,7 +81,7 @@ impl OutboxRecord {
 }
 
 /// Headers with their values as byte strings (see `serde_bytes` on
-/// [`OutboxRecord`]); the same bytes in postcard as the derived form.
+/// [`ProducerRecord`]); the same bytes in postcard as the derived form.
 mod header_bytes {
     use serde::{Deserialize, Deserializer, Serializer};
     use serde_bytes::{ByteBuf, Bytes};
@@ -121,10 +121,10 @@ impl InputRecord {
     /// The record as it goes to input topic `topic`; the control events
     /// the workload simulates (an operator's decision, a timer) signed
     /// with `keys`, as the reconciler's own tools sign them.
-    pub fn to_outbox(&self, codec: &Codec, keys: &ControlKeys, topic: &str) -> Result<OutboxRecord, EncodeError> {
+    pub fn to_outbox(&self, codec: &Codec, keys: &ControlKeys, topic: &str) -> Result<ProducerRecord, EncodeError> {
         match self {
             InputRecord::Event(e) => event_record_signing_control(codec, keys, topic, e),
-            InputRecord::Raw { key, value, .. } => Ok(OutboxRecord {
+            InputRecord::Raw { key, value, .. } => Ok(ProducerRecord {
                 topic: topic.to_owned(),
                 key: Some(key.clone()),
                 value: value.clone(),
@@ -201,7 +201,7 @@ pub fn authenticity(keys: &ControlKeys, r: &Record, ev: &Event) -> Authenticity 
 /// could publish those whole, so their dead letter keeps the key, the
 /// headers and the first 64 KiB of the value, with
 /// [`headers::VALUE_TRUNCATED`] giving the original length.
-pub fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
+pub fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> ProducerRecord {
     let mut hs = r.headers.clone();
     let mut value = r.value.clone();
     if let (DecodeError::Oversize { .. }, Some(v)) = (err, value.as_mut()) {
@@ -217,13 +217,13 @@ pub fn dead_letter(topic: &str, r: &Record, err: &DecodeError) -> OutboxRecord {
     add(headers::SOURCE_PARTITION, r.partition.to_string());
     add(headers::SOURCE_OFFSET, r.offset.to_string());
     add(headers::SOURCE_TIMESTAMP, r.timestamp.map_or_else(String::new, |t| t.to_string()));
-    OutboxRecord { topic: topic.to_owned(), key: r.key.clone(), value, headers: hs }
+    ProducerRecord { topic: topic.to_owned(), key: r.key.clone(), value, headers: hs }
 }
 
 /// An event as it goes to the input topic `topic`: keyed by its entity
 /// (timer firings, manual decisions and generated workloads all use it).
-pub fn event_record(codec: &Codec, topic: &str, ev: &Event) -> Result<OutboxRecord, EncodeError> {
-    Ok(OutboxRecord {
+pub fn event_record(codec: &Codec, topic: &str, ev: &Event) -> Result<ProducerRecord, EncodeError> {
+    Ok(ProducerRecord {
         topic: topic.to_owned(),
         key: Some(ev.entity_id.as_bytes().to_vec()),
         value: Some(codec.encode_event(ev)?),
@@ -234,7 +234,7 @@ pub fn event_record(codec: &Codec, topic: &str, ev: &Event) -> Result<OutboxReco
 /// `record` signed with `keys` (see [`crate::signature`]): the signature
 /// header added, unless no key is configured (then it goes unsigned, which
 /// only an instance with `security.allow_unsigned_control` applies).
-pub fn signed(mut record: OutboxRecord, keys: &ControlKeys) -> OutboxRecord {
+pub fn signed(mut record: ProducerRecord, keys: &ControlKeys) -> ProducerRecord {
     let value = record.value.as_deref().unwrap_or_default();
     if let Some(sig) = keys.sign(&record.topic, record.key.as_deref(), value) {
         record.headers.push((crate::signature::HEADER.to_owned(), Some(sig)));
@@ -250,19 +250,19 @@ pub fn event_record_signing_control(
     keys: &ControlKeys,
     topic: &str,
     ev: &Event,
-) -> Result<OutboxRecord, EncodeError> {
+) -> Result<ProducerRecord, EncodeError> {
     let record = event_record(codec, topic, ev)?;
     Ok(if crate::core::trust::is_control(&ev.body) { signed(record, keys) } else { record })
 }
 
 /// An output of the core as it is published: to its topic, keyed by entity.
-pub fn output_record(codec: &Codec, t: &Topics, o: &Output) -> Result<OutboxRecord, EncodeError> {
+pub fn output_record(codec: &Codec, t: &Topics, o: &Output) -> Result<ProducerRecord, EncodeError> {
     let (topic, value) = match o {
         Output::Verdict(v) => (&t.verdicts, codec.encode_verdict(v)?),
         Output::Anomaly(a) => (&t.anomalies, codec.encode_anomaly(a)?),
         Output::Command(c) => (&t.commands, codec.encode_command(c)?),
     };
-    Ok(OutboxRecord {
+    Ok(ProducerRecord {
         topic: topic.clone(),
         key: Some(o.entity_id().as_bytes().to_vec()),
         value: Some(value),
@@ -283,8 +283,8 @@ mod tests {
         headers: Vec<(String, Option<Vec<u8>>)>,
     }
 
-    fn sample() -> OutboxRecord {
-        OutboxRecord {
+    fn sample() -> ProducerRecord {
+        ProducerRecord {
             topic: "ops.verdicts".into(),
             key: Some(b"cust-1".to_vec()),
             value: Some((0..=255).collect()),
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn stored_outboxes_keep_their_bytes_and_read_back() {
-        let mut records = vec![sample(), OutboxRecord { key: None, value: None, headers: vec![], ..sample() }];
+        let mut records = vec![sample(), ProducerRecord { key: None, value: None, headers: vec![], ..sample() }];
         records[1].topic = "ops.events.dlq".into();
         let derived: Vec<Derived> = records
             .iter()
@@ -307,8 +307,8 @@ mod tests {
             .collect();
         let bytes = postcard::to_allocvec(&records).unwrap();
         assert_eq!(bytes, postcard::to_allocvec(&derived).unwrap(), "the same bytes as the derived form");
-        assert!(records.iter().map(OutboxRecord::stored_size).sum::<usize>() >= bytes.len());
-        let back: Vec<OutboxRecord> = postcard::from_bytes(&bytes).unwrap();
+        assert!(records.iter().map(ProducerRecord::stored_size).sum::<usize>() >= bytes.len());
+        let back: Vec<ProducerRecord> = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(back, records);
     }
 }

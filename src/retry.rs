@@ -1,6 +1,7 @@
-//! Exponential back-off with jitter, shared by the probe worker and the
-//! outbox relay. Pure: the caller draws the randomness (the core reads
-//! none, and tests pass fixed draws).
+//! Exponential back-off, the one used wherever something is retried: the
+//! probe worker, the outbox relay, the registry client and the pipeline's
+//! publishing. Pure: the caller draws the randomness (the core reads none,
+//! and tests pass fixed draws).
 
 use std::time::Duration;
 
@@ -19,6 +20,30 @@ pub fn backoff(attempt: u32, initial: Duration, max: Duration, retry_after: Opti
     }
 }
 
+/// Waits that double from `initial` up to `max`, without jitter: for a
+/// loop that retries alone (one instance publishing its own outputs),
+/// where spreading the retries of many workers does not apply.
+#[derive(Debug, Clone)]
+pub struct Doubling {
+    attempt: u32,
+    initial: Duration,
+    max: Duration,
+}
+
+impl Doubling {
+    /// Waits starting at `initial`, capped at `max`.
+    pub fn new(initial: Duration, max: Duration) -> Doubling {
+        Doubling { attempt: 0, initial, max }
+    }
+
+    /// The next wait: [`backoff`] of one more failure, with all of its
+    /// jitter range kept.
+    pub fn next_wait(&mut self) -> Duration {
+        self.attempt = self.attempt.saturating_add(1);
+        backoff(self.attempt, self.initial, self.max, None, 1.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -33,5 +58,12 @@ mod tests {
         assert_eq!(backoff(40, i, m, None, 1.0), m, "no overflow");
         assert_eq!(backoff(1, i, m, Some(Duration::from_millis(700)), 0.0), Duration::from_millis(700));
         assert_eq!(backoff(1, i, m, Some(Duration::from_secs(60)), 0.0), m, "Retry-After capped");
+    }
+
+    #[test]
+    fn doubling_waits_double_up_to_the_cap() {
+        let mut d = Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
+        let waits: Vec<u128> = (0..8).map(|_| d.next_wait().as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
     }
 }

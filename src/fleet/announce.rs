@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::{Member, ANNOUNCE_EVERY};
 use crate::kafka::producer::Publisher;
 use crate::kafka::KafkaError;
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 
 /// The partitions this instance owns now.
 pub type Owned = Box<dyn Fn() -> BTreeSet<i32> + Send>;
@@ -68,6 +68,6 @@ pub fn spawn(
 
 fn publish(publisher: &Publisher, topic: &str, url: &str, value: Option<Vec<u8>>) -> Result<(), KafkaError> {
     let record =
-        OutboxRecord { topic: topic.to_owned(), key: Some(url.as_bytes().to_vec()), value, headers: Vec::new() };
+        ProducerRecord { topic: topic.to_owned(), key: Some(url.as_bytes().to_vec()), value, headers: Vec::new() };
     publisher.publish_all([(&record, Some(0))]).map(drop)
 }

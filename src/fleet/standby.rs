@@ -5,7 +5,7 @@
 //! of a batch is published before its offset is committed) and goes on at
 //! once instead of restoring.
 //!
-//! Which partitions: for each partition, the [`Config::replicas`] live
+//! Which partitions: for each partition, the [`StandbyConfig::replicas`] live
 //! members after its owner in the order of their advertised URLs
 //! ([`assigned`]), from the fleet's roster; never one the pipeline claims
 //! ([`crate::store::Claims`]). The roster is wall-clock facts at the edge;
@@ -58,7 +58,7 @@ pub fn assigned(me: &str, members: &[Member], partitions: i32, replicas: usize) 
 }
 
 /// What the standby tailer needs to know.
-pub struct Config {
+pub struct StandbyConfig {
     /// The `[kafka]` settings.
     pub kafka: BTreeMap<String, String>,
     /// The changelog topic.
@@ -88,7 +88,7 @@ struct Tailed {
 /// Starts the tailer: every second it works out the standby partitions
 /// from `roster`, and applies their changelog to `store` until `shutdown`.
 pub fn spawn(
-    cfg: Config,
+    cfg: StandbyConfig,
     store: Arc<Store>,
     claims: Claims,
     roster: Roster,
@@ -129,7 +129,7 @@ pub fn spawn(
 }
 
 struct Tailer {
-    cfg: Config,
+    cfg: StandbyConfig,
     store: Arc<Store>,
     claims: Claims,
     metrics: Arc<Metrics>,

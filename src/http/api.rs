@@ -317,7 +317,7 @@ pub(super) async fn redrive(
     };
     let filter =
         DlqFilter { class: b.class.filter(|c| !c.is_empty()), positions, limit: b.limit, include_redriven: false };
-    let who = dlq::Redriver { actor: b.actor, note: b.note, at_ms: crate::clock::now_ms() };
+    let who = dlq::Redriver { actor: b.actor, note: b.note, at_ms: (s.clock)() };
     blocking(move || {
         Ok(dlq::redrive(&s.cfg.kafka, &s.cfg.topics, &filter, s.cfg.consumer.max_record_bytes, &who, b.dry_run)?)
     })
@@ -342,6 +342,7 @@ pub(super) struct DlqQuery {
 /// the variable `[relay] connection_env` names is set).
 pub(super) async fn dead_letters(State(s): State<AppState>, Query(q): Query<DlqQuery>) -> Response {
     let samples = q.samples.unwrap_or(20).min(500);
+    let now_ms = (s.clock)();
     let cfg = s.cfg.clone();
     let kafka = tokio::task::spawn_blocking(move || {
         let all = DlqFilter { include_redriven: true, ..DlqFilter::default() };
@@ -377,7 +378,7 @@ pub(super) async fn dead_letters(State(s): State<AppState>, Query(q): Query<DlqQ
             }
         }
     };
-    Json(serde_json::json!({ "now_ms": crate::clock::now_ms(), "kafka": kafka, "outbox": outbox })).into_response()
+    Json(serde_json::json!({ "now_ms": now_ms, "kafka": kafka, "outbox": outbox })).into_response()
 }
 
 /// The body of an outbox re-drive: row ids and/or an error class.

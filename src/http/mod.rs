@@ -172,7 +172,7 @@ impl Fleet {
         if let (n @ 1.., Some(changelog)) = (cfg.consumer.standby_replicas, cfg.topics.changelog()) {
             let partitions =
                 crate::kafka::watermarks::Watermarks::partition_count_once(&cfg.kafka, &cfg.topics.events)?;
-            let standby = crate::fleet::standby::Config {
+            let standby = crate::fleet::standby::StandbyConfig {
                 kafka: cfg.kafka.clone(),
                 topic: changelog.to_owned(),
                 partitions: partitions as i32,

@@ -19,7 +19,7 @@ use rdkafka::ClientContext;
 
 use super::report_pump::ReportPump;
 use super::{client_config, KafkaError};
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 
 /// The records sent by one [`Publisher::send_all`] call. Not `Copy`:
 /// [`Publisher::wait`] takes it, so a ticket is waited for at most once.
@@ -169,7 +169,7 @@ impl Publisher {
     /// what was sent is purged.
     pub fn send_all<'a>(
         &self,
-        records: impl IntoIterator<Item = (&'a OutboxRecord, Option<i32>)>,
+        records: impl IntoIterator<Item = (&'a ProducerRecord, Option<i32>)>,
     ) -> Result<(Ticket, usize), KafkaError> {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let ctx = self.producer.context();
@@ -271,7 +271,7 @@ impl Publisher {
     /// returns once all are acknowledged; an error if any was not.
     pub fn publish_all<'a>(
         &self,
-        records: impl IntoIterator<Item = (&'a OutboxRecord, Option<i32>)>,
+        records: impl IntoIterator<Item = (&'a ProducerRecord, Option<i32>)>,
     ) -> Result<usize, KafkaError> {
         let (ticket, sent) = self.send_all(records)?;
         self.wait(ticket)?;
@@ -285,7 +285,7 @@ mod tests {
 
     use super::{producer_config, Publisher, PIPELINE_LINGER};
     use crate::kafka::KafkaError;
-    use crate::records::OutboxRecord;
+    use crate::records::ProducerRecord;
 
     /// Delivery reports reach the waiter through the reports' thread, with
     /// no broker at all: a record librdkafka gives up on (nothing listens
@@ -298,7 +298,7 @@ mod tests {
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .into();
         let publisher = Publisher::new(&kafka, 1000).unwrap();
-        let rec = OutboxRecord {
+        let rec = ProducerRecord {
             topic: "nowhere".into(),
             key: Some(b"k".to_vec()),
             value: Some(b"v".to_vec()),

@@ -32,7 +32,7 @@ use tracing::warn;
 use super::consumer::offsets_list;
 use super::producer::{Publisher, PIPELINE_LINGER};
 use super::KafkaError;
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 
 /// Why a transaction did not commit.
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +148,7 @@ impl Transactions {
     /// Returns the number of records committed.
     pub fn run<'a>(
         &self,
-        records: impl IntoIterator<Item = (&'a OutboxRecord, Option<i32>)>,
+        records: impl IntoIterator<Item = (&'a ProducerRecord, Option<i32>)>,
         offsets: Option<TxnOffsets<'_>>,
         may_commit: impl FnOnce() -> bool,
     ) -> Result<usize, TxnError> {

@@ -263,7 +263,7 @@ pub fn replay_with_answers(
 /// `n` PROBE commands to `destination`, the `i`th (id `{prefix}cmd-{i}`)
 /// asking about `key-{i}` at version 7, as records of `topic`: the
 /// backlog the tests and the probe bench give the probe worker.
-pub fn probe_commands(topic: &str, destination: &str, prefix: &str, n: usize) -> Vec<crate::records::OutboxRecord> {
+pub fn probe_commands(topic: &str, destination: &str, prefix: &str, n: usize) -> Vec<crate::records::ProducerRecord> {
     let codec = crate::codec::Codec::new();
     (0..n)
         .map(|i| {
@@ -280,7 +280,7 @@ pub fn probe_commands(topic: &str, destination: &str, prefix: &str, n: usize) ->
                 expected_fingerprint: None,
                 issued_at: 0,
             };
-            crate::records::OutboxRecord {
+            crate::records::ProducerRecord {
                 topic: topic.to_owned(),
                 key: Some(c.entity_id.clone().into_bytes()),
                 value: Some(codec.encode_command(&c).expect("a command encodes")),

@@ -34,7 +34,7 @@ use crate::codec::EncodeError;
 use crate::config::Config;
 use crate::kafka::producer::{Publisher, Ticket};
 use crate::kafka::KafkaError;
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 use crate::records::Record;
 
 pub use scenario::{Faults, Generator, Options, Planned};
@@ -213,7 +213,7 @@ impl MemoryTopic {
     }
 
     /// `r` as consumed: in its key's partition, at that partition's next offset.
-    pub fn append(&mut self, r: OutboxRecord) -> Record {
+    pub fn append(&mut self, r: ProducerRecord) -> Record {
         let key = r.key.as_deref().unwrap_or_default();
         let partition = (xxhash_rust::xxh3::xxh3_64(key) % self.next.len() as u64) as i32;
         self.append_to(partition, r)
@@ -221,7 +221,7 @@ impl MemoryTopic {
 
     /// `r` as consumed from `partition` (a timer firing goes to its
     /// operation's partition, whatever its key hashes to).
-    pub fn append_to(&mut self, partition: i32, r: OutboxRecord) -> Record {
+    pub fn append_to(&mut self, partition: i32, r: ProducerRecord) -> Record {
         let partition = partition as usize;
         let offset = self.next[partition];
         self.next[partition] += 1;
@@ -264,7 +264,7 @@ pub fn publish(
             .expect("a valid template"),
     );
     let started = Instant::now();
-    let mut chunk: Vec<OutboxRecord> = Vec::with_capacity(CHUNK);
+    let mut chunk: Vec<ProducerRecord> = Vec::with_capacity(CHUNK);
     let mut records = 0u64;
     // Paced, a chunk goes out without waiting for its acknowledgements
     // (they are awaited a few chunks later): a record is sent when it is
@@ -272,7 +272,7 @@ pub fn publish(
     // acknowledgements let the sender fall behind and then send a burst
     // of overdue records, which a latency run counted as the pipeline's.
     let mut unacknowledged: VecDeque<Ticket> = VecDeque::new();
-    let flush = |chunk: &mut Vec<OutboxRecord>, unacknowledged: &mut VecDeque<Ticket>| -> Result<(), LoadgenError> {
+    let flush = |chunk: &mut Vec<ProducerRecord>, unacknowledged: &mut VecDeque<Ticket>| -> Result<(), LoadgenError> {
         if chunk.is_empty() {
             return Ok(());
         }

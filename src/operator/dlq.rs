@@ -22,7 +22,7 @@ use crate::kafka::producer::Publisher;
 use crate::kafka::reader::read_to_end;
 use crate::kafka::KafkaError;
 use crate::records::Record;
-use crate::records::{headers, OutboxRecord};
+use crate::records::{headers, ProducerRecord};
 
 /// Prefix of the headers the reconciler adds to dead letters.
 pub const PROVENANCE_PREFIX: &str = "reconciler.";
@@ -371,7 +371,7 @@ pub fn watch(
 }
 
 /// The input record that re-drives `d`, and its partition.
-pub fn redrive_record(d: &DeadLetter, input_topic: &str) -> Result<(OutboxRecord, Option<i32>), String> {
+pub fn redrive_record(d: &DeadLetter, input_topic: &str) -> Result<(ProducerRecord, Option<i32>), String> {
     if let Some(len) = d.truncated_from {
         return Err(format!(
             "its value was truncated from {len} bytes in the DLQ; the original is not there to re-drive"
@@ -381,7 +381,7 @@ pub fn redrive_record(d: &DeadLetter, input_topic: &str) -> Result<(OutboxRecord
     let mut headers: Vec<(String, Option<Vec<u8>>)> =
         r.headers.iter().filter(|(k, _)| !provenance(k)).cloned().collect();
     headers.push((REDRIVEN_FROM.to_owned(), Some(format!("{}/{}/{}", r.topic, r.partition, r.offset).into_bytes())));
-    let rec = OutboxRecord { topic: input_topic.to_owned(), key: r.key.clone(), value: r.value.clone(), headers };
+    let rec = ProducerRecord { topic: input_topic.to_owned(), key: r.key.clone(), value: r.value.clone(), headers };
     // Its first partition when it came from the input topic; else by key.
     let partition = d.source.partition.filter(|_| d.source.topic == input_topic);
     Ok((rec, partition))
@@ -506,7 +506,7 @@ pub fn redrive(
             crate::kafka::admin::ensure_compacted(kafka, t, 1, topics.replication_factor)?;
         }
         let publisher = Publisher::new(kafka, max_record_bytes + crate::records::DLQ_HEADER_ROOM)?;
-        let audit = |state: RedriveState| -> Vec<OutboxRecord> {
+        let audit = |state: RedriveState| -> Vec<ProducerRecord> {
             let Some(t) = &audit_topic else { return Vec::new() };
             records
                 .iter()
@@ -522,7 +522,7 @@ pub fn redrive(
                         to_partition: *p,
                         state,
                     };
-                    OutboxRecord {
+                    ProducerRecord {
                         topic: t.clone(),
                         key: Some(a.dead_letter.clone().into_bytes()),
                         value: Some(serde_json::to_vec(&a).expect("plain data serializes")),
@@ -535,7 +535,7 @@ pub fn redrive(
         // offered again as new.
         publisher.publish_all(audit(RedriveState::Sending).iter().map(|r| (r, None)))?;
         publisher.publish_all(records.iter().map(|(r, p, _)| (r, *p)))?;
-        crate::pipeline::faults::point("dlq::redriven");
+        crate::crash::point(crate::crash::CrashPoint::DlqRedriven);
         let audit = audit(RedriveState::Sent);
         publisher.publish_all(audit.iter().map(|r| (r, None)))?;
         for (_, p, d) in &records {

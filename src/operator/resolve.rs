@@ -17,7 +17,7 @@ use crate::codec::Codec;
 use crate::core::event::{Body, Decision, Event};
 use crate::core::OperationState;
 use crate::kafka::producer::Publisher;
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 use crate::signature::ControlKeys;
 use crate::store::Store;
 
@@ -110,7 +110,7 @@ pub fn record(
     keys: &ControlKeys,
     topic: &str,
     d: &PreparedDecision,
-) -> Result<OutboxRecord, OperatorError> {
+) -> Result<ProducerRecord, OperatorError> {
     Ok(crate::records::signed(crate::records::event_record(codec, topic, &d.event)?, keys))
 }
 

@@ -12,7 +12,7 @@ use crate::core::{AnomalyKind, Disposition, Status};
 use crate::loadgen::MemoryTopic;
 use crate::metrics::Metrics;
 use crate::pipeline::{Applier, Stats};
-use crate::records::{event_record, event_record_signing_control, signed, OutboxRecord, Record};
+use crate::records::{event_record, event_record_signing_control, signed, ProducerRecord, Record};
 use crate::signature::ControlKeys;
 use crate::store::tests::{temp, TempDir};
 use crate::store::{Batch, Store};
@@ -83,7 +83,7 @@ impl Harness {
     }
 
     /// [`Harness::batch`] of records as they are (signed or not).
-    fn records(&mut self, records: Vec<OutboxRecord>, n: usize) -> Vec<Disposition> {
+    fn records(&mut self, records: Vec<ProducerRecord>, n: usize) -> Vec<Disposition> {
         let (codec, policy, keys) = (Codec::new(), self.cfg.policy(), self.cfg.security.loaded());
         let metrics = Metrics::new(self.cfg.types.keys(), 0);
         let applier = Applier::new(&self.cfg, &self.store, &policy, &codec, &keys, &metrics);

@@ -262,7 +262,7 @@ pub async fn redrive(
         // Killed here, the transaction is rolled back: neither the audit
         // nor the new status exists, so the rows are still dead letters
         // and a re-drive after it is the first.
-        crate::pipeline::faults::point("outbox::redriven");
+        crate::crash::point(crate::crash::CrashPoint::OutboxRedriven);
         tx.execute(&format!("NOTIFY {CHANNEL}"), &[]).await.map_err(OutboxError::db("waking the relays"))?;
         for id in &chosen {
             tracing::info!(id, actor, "Outbox dead letter re-driven");

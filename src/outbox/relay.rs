@@ -38,11 +38,11 @@ use tracing::{info, warn};
 use super::claim::{self, Claimed};
 use super::{OutboxError, CHANNEL};
 use crate::config::{Config, ConfigError, OnPublished, RelayConfig};
+use crate::crash::{self, CrashPoint};
 use crate::kafka::keyed::{KeyedProducer, Sent};
 use crate::kafka::watermarks::Watermarks;
 use crate::kafka::KafkaError;
 use crate::metrics::{RelayFailure, RelayMetrics};
-use crate::pipeline::faults;
 
 /// The header that names the outbox row a record was published from (the
 /// same on a re-publication, so duplicates stay byte-identical).
@@ -341,7 +341,7 @@ impl Relay {
         }
         let results = self.publish(&rows).await;
         let acknowledged = began.elapsed();
-        faults::point("relay::published");
+        crash::point(CrashPoint::RelayPublished);
 
         // Each entity's acknowledged prefix is published; its first failure
         // is charged (if it is the row's fault) and stops the entity.

@@ -344,11 +344,11 @@ impl<'a> Applier<'a> {
             next.insert(r.partition, r.offset + 1);
             applied.touched.insert(r.partition, r.offset + 1);
             stats.records += 1;
-            crate::pipeline::faults::point("pipeline::mid_batch");
+            crate::crash::point(crate::crash::CrashPoint::MidBatch);
             let silent = crate::pipeline::restore::silent(restore_until, r.partition, r.offset);
             if silent {
                 stats.restored += 1;
-                crate::pipeline::faults::point("pipeline::restoring");
+                crate::crash::point(crate::crash::CrashPoint::Restoring);
             }
             let ev = match decoded {
                 Ok(ev) => ev,

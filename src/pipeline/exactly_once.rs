@@ -38,13 +38,14 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::{faults, Pipeline, PipelineError};
+use super::{Pipeline, PipelineError};
+use crate::crash::{self, CrashPoint};
 use crate::kafka::transaction::{Transactions, TxnError, TxnOffsets};
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 use crate::store::{Batch as StoreBatch, Encoded};
 
 /// A batch applied in memory, on its way to its transaction.
-pub(super) struct Batch {
+pub(super) struct PendingTransaction {
     /// Input records taken in.
     pub records: usize,
     /// When its processing began.
@@ -61,11 +62,11 @@ impl Pipeline {
     /// (the owned offsets before the batch): nothing of it was kept.
     pub(super) fn process_in_transaction(
         &mut self,
-        b: Batch,
+        b: PendingTransaction,
         stored: BTreeMap<i32, i64>,
         alive_at: Instant,
     ) -> Result<(), PipelineError> {
-        let Batch { records, started, mut encoded, touched, deadlines } = b;
+        let PendingTransaction { records, started, mut encoded, touched, deadlines } = b;
         let applied = started.elapsed();
         let outbox = encoded.take_outbox();
         let commit: BTreeMap<i32, i64> = touched
@@ -84,7 +85,7 @@ impl Pipeline {
             let offsets = TxnOffsets { topic: &self.cfg.topics.events, next: &commit, group: &group };
             let (fence, consumer) = (&self.fence, &self.consumer);
             let result = txn.run(outbox.iter().map(|r| (r, self.route(r))), Some(offsets), || {
-                faults::point("pipeline::before_commit");
+                crash::point(CrashPoint::BeforeCommit);
                 // A stall since the last poll may have cost the partitions.
                 fence.check(alive_at, consumer.assignment_lost())
             });
@@ -99,11 +100,11 @@ impl Pipeline {
                 }
                 Err(e) => return Err(e.into()),
             }
-            faults::point("pipeline::after_commit");
+            crash::point(CrashPoint::AfterCommit);
         }
         let committed = started.elapsed();
         self.store.write_encoded(&encoded)?;
-        faults::point("pipeline::after_store");
+        crash::point(CrashPoint::AfterStore);
         self.stored(&touched, deadlines);
         if records > 0 {
             self.stats.batches += 1;
@@ -138,7 +139,7 @@ impl Pipeline {
         for (p, n) in &ahead {
             offsets.set_offset(*p, *n);
         }
-        let b = Batch {
+        let b = PendingTransaction {
             records: 0,
             started: Instant::now(),
             encoded: offsets.encode(crate::store::changelog::Target::of(&self.cfg.topics)),
@@ -153,10 +154,11 @@ impl Pipeline {
     pub(super) fn transact_with_retry(
         &self,
         txn: &Transactions,
-        records: &[&OutboxRecord],
+        records: &[&ProducerRecord],
         shutdown: &AtomicBool,
     ) -> Result<(), PipelineError> {
-        let mut backoff = Duration::from_millis(100);
+        let mut waits = crate::retry::Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut backoff = waits.next_wait();
         loop {
             match txn.run(records.iter().map(|r| (*r, self.route(r))), None, || true) {
                 Ok(_) => {
@@ -170,7 +172,7 @@ impl Pipeline {
                 Err(e) => return Err(e.into()),
             }
             std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            backoff = waits.next_wait();
         }
     }
 }

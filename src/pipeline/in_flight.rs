@@ -49,10 +49,11 @@ use std::sync::atomic::AtomicBool;
 use rustc_hash::FxHashSet;
 use tracing::warn;
 
-use super::{changelog_partition, faults, Pipeline, PipelineError};
+use super::{changelog_partition, Pipeline, PipelineError};
+use crate::crash::{self, CrashPoint};
 use crate::kafka::producer::{Publisher, Ticket};
 use crate::metrics::Metrics;
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 use crate::store::{changelog, Store};
 
 /// Most batches in flight behind the changelog before the run loop waits
@@ -70,10 +71,10 @@ pub(super) const MAX_PUBLISHING: usize = 8;
 #[derive(Default)]
 pub(super) struct InFlight {
     /// Outputs acknowledged, changelog sent: the oldest batches, merged
-    /// into one (see [`Batch::absorb`]).
-    logging: Option<Batch>,
+    /// into one (see [`SentBatch::absorb`]).
+    logging: Option<SentBatch>,
     /// Outputs sent, oldest first.
-    publishing: VecDeque<Batch>,
+    publishing: VecDeque<SentBatch>,
 }
 
 impl InFlight {
@@ -85,19 +86,19 @@ impl InFlight {
 
 /// A stored batch on its way out, or a group of them once their outputs
 /// are acknowledged.
-pub(super) struct Batch {
+pub(super) struct SentBatch {
     /// What was sent of it last: its outputs while publishing, its
     /// changelog records while logging.
     pub(super) sent: Sent,
-    pub(super) outbox: Vec<OutboxRecord>,
-    pub(super) changelog: Vec<OutboxRecord>,
+    pub(super) outbox: Vec<ProducerRecord>,
+    pub(super) changelog: Vec<ProducerRecord>,
     /// Its outbox entries in the store.
     pub(super) seqs: Range<u64>,
     /// Its partitions and their next offsets.
     pub(super) touched: BTreeMap<i32, i64>,
 }
 
-impl Batch {
+impl SentBatch {
     /// Whether what was sent of the batch last is acknowledged (waiting
     /// for it if need be). `sent` is left [`Sent::Failed`]: the caller
     /// sets what follows once it knows (an error on the way leaves the
@@ -111,7 +112,7 @@ impl Batch {
     /// (which follow this group's in the store: each batch's are the next
     /// sequence numbers) and its offsets. Only the changelog is kept of the
     /// outputs' records: they are acknowledged.
-    fn absorb(&mut self, next: Batch) {
+    fn absorb(&mut self, next: SentBatch) {
         self.outbox.clear();
         self.changelog.extend(next.changelog);
         // A batch without outputs has none (an empty range at 0).
@@ -130,7 +131,7 @@ impl Batch {
 /// of them (a restore keeps a key's last value; compaction does too), and
 /// each partition's offsets record, the last of the partition in each
 /// batch's changelog, stays after the partition's state records.
-fn merge_changelogs(records: &mut Vec<OutboxRecord>) {
+fn merge_changelogs(records: &mut Vec<ProducerRecord>) {
     let keep: Vec<bool> = {
         let mut seen = FxHashSet::default();
         let mut keep: Vec<bool> = records.iter().rev().map(|r| seen.insert(r.key.as_deref())).collect();
@@ -156,8 +157,8 @@ impl Sent {
     /// wait that follows to publish them again.
     fn send(
         publisher: &Publisher,
-        records: &[OutboxRecord],
-        route: impl Fn(&OutboxRecord) -> Option<i32>,
+        records: &[ProducerRecord],
+        route: impl Fn(&ProducerRecord) -> Option<i32>,
         what: &str,
     ) -> Sent {
         if records.is_empty() {
@@ -203,7 +204,7 @@ impl Pipeline {
     /// batches in flight, after those sent before it.
     /// [`Pipeline::advance_in_flight`] follows at once and sets the pending
     /// changelog gauge.
-    pub(super) fn put_in_flight(&self, batch: Batch) {
+    pub(super) fn put_in_flight(&self, batch: SentBatch) {
         self.in_flight.lock().expect("not poisoned").publishing.push_back(batch);
     }
 
@@ -253,7 +254,7 @@ impl Pipeline {
             if take == 0 {
                 return Ok(());
             }
-            let mut group: Vec<Batch> = f.publishing.drain(..take).collect();
+            let mut group: Vec<SentBatch> = f.publishing.drain(..take).collect();
             drop(f);
             let logged = self.send_changelog(&mut group, shutdown);
             let mut f = self.in_flight.lock().expect("not poisoned");
@@ -293,7 +294,7 @@ impl Pipeline {
     /// into the group) are published again, oldest first, until they are.
     /// On an error `group` holds what is left to do, in order, for the run
     /// loop to try again.
-    fn send_changelog(&self, group: &mut Vec<Batch>, shutdown: &AtomicBool) -> Result<Batch, PipelineError> {
+    fn send_changelog(&self, group: &mut Vec<SentBatch>, shutdown: &AtomicBool) -> Result<SentBatch, PipelineError> {
         let mut failed_at = None;
         for (i, b) in group.iter_mut().enumerate() {
             if !b.sent_acknowledged(&self.publisher) {
@@ -325,16 +326,16 @@ impl Pipeline {
         let mut drained = group.drain(..);
         let mut b = drained.next().expect("a group holds at least one batch");
         drained.for_each(|next| b.absorb(next));
-        faults::point("pipeline::after_publish");
+        crash::point(CrashPoint::AfterPublish);
         let ready = self.keep_owned(&mut b.changelog).and_then(|()| {
             if batches > 1 {
                 merge_changelogs(&mut b.changelog);
             }
-            if faults::fires(faults::CHANGELOG_CRASH_POINTS[0]) {
+            if crash::fires(CrashPoint::ChangelogCut) {
                 // All but the offsets records (the last of each partition).
                 let cut = b.changelog.iter().filter(|r| !changelog::is_offsets(r)).collect();
                 self.publish_with_retry(cut, shutdown)?;
-                faults::crash(faults::CHANGELOG_CRASH_POINTS[0]);
+                crash::crash(CrashPoint::ChangelogCut);
             }
             Ok(())
         });
@@ -350,7 +351,7 @@ impl Pipeline {
     /// them again until they are), then forgets its outbox entries and
     /// commits its group offsets (so a new owner of its partitions restores
     /// it silently rather than publishing again).
-    fn settle(&self, b: &mut Batch, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+    fn settle(&self, b: &mut SentBatch, shutdown: &AtomicBool) -> Result<(), PipelineError> {
         if !b.changelog.is_empty() {
             if !b.sent_acknowledged(&self.publisher) {
                 // Partitions may have moved since the records were sent:
@@ -368,7 +369,7 @@ impl Pipeline {
     }
 
     /// Sends a batch's outputs; see [`Pipeline::put_in_flight`].
-    pub(super) fn send_outputs(&self, outbox: &[OutboxRecord]) -> Sent {
+    pub(super) fn send_outputs(&self, outbox: &[ProducerRecord]) -> Sent {
         Sent::send(&self.publisher, outbox, |_| None, "outputs")
     }
 
@@ -376,9 +377,9 @@ impl Pipeline {
     /// state of the others' partitions is forgotten: their changelog will
     /// not hold this batch, so they are restored from it when assigned
     /// again (see [`super::restore`]).
-    fn keep_owned(&self, records: &mut Vec<OutboxRecord>) -> Result<(), PipelineError> {
+    fn keep_owned(&self, records: &mut Vec<ProducerRecord>) -> Result<(), PipelineError> {
         let owned = self.consumer.assignment.lock().expect("not poisoned").owned.clone();
-        let kept = |r: &OutboxRecord| changelog_partition(r).is_some_and(|p| owned.contains_key(&p));
+        let kept = |r: &ProducerRecord| changelog_partition(r).is_some_and(|p| owned.contains_key(&p));
         // Usually every partition is still owned: then nothing is moved
         // (splitting copied every record into a new, growing Vec).
         if records.iter().all(kept) {
@@ -391,7 +392,7 @@ impl Pipeline {
 
     /// Forgets the local state of the partitions of changelog records that
     /// will not be published.
-    pub(super) fn forget_partitions(&self, records: &[OutboxRecord]) -> Result<(), PipelineError> {
+    pub(super) fn forget_partitions(&self, records: &[ProducerRecord]) -> Result<(), PipelineError> {
         let partitions: std::collections::BTreeSet<i32> = records.iter().filter_map(changelog_partition).collect();
         for p in partitions {
             warn!(partition = p, "Changelog records of the partition were not published; forgetting its local state (restored from the changelog when assigned again)");
@@ -465,8 +466,8 @@ fn settle_once(
     publisher: &Publisher,
     store: &Store,
     metrics: &Metrics,
-    mut b: Batch,
-) -> Result<BTreeMap<i32, i64>, Batch> {
+    mut b: SentBatch,
+) -> Result<BTreeMap<i32, i64>, SentBatch> {
     if !b.changelog.is_empty() {
         let mut acked = b.sent_acknowledged(publisher);
         if !acked {
@@ -497,8 +498,8 @@ fn settle_once(
 mod tests {
     use super::*;
 
-    fn record(key: &str, value: &str) -> OutboxRecord {
-        OutboxRecord {
+    fn record(key: &str, value: &str) -> ProducerRecord {
+        ProducerRecord {
             topic: "ops.state".into(),
             key: Some(key.as_bytes().to_vec()),
             value: Some(value.as_bytes().to_vec()),
@@ -506,8 +507,8 @@ mod tests {
         }
     }
 
-    fn batch(seqs: Range<u64>, changelog: Vec<OutboxRecord>, touched: &[(i32, i64)]) -> Batch {
-        Batch {
+    fn batch(seqs: Range<u64>, changelog: Vec<ProducerRecord>, touched: &[(i32, i64)]) -> SentBatch {
+        SentBatch {
             sent: Sent::Nothing,
             outbox: vec![record("entity", "verdict")],
             changelog,

@@ -25,12 +25,12 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use super::restore::{Changelog, RestoreError};
+use super::restore::{RestoreError, Restorer};
 use crate::config::OnLostPosition;
 use crate::kafka::consumer::Assigned;
 use crate::kafka::reader::{stream_partition, StreamError};
 use crate::kafka::KafkaError;
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 
 /// A partition's stored position outside its log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,9 +114,9 @@ pub fn check(
 /// How long the log's range may take to read at assignment.
 const RANGE_PATIENCE: Duration = Duration::from_secs(10);
 
-impl Changelog {
+impl Restorer {
     /// Where assigned `partition` starts and up to where it restores
-    /// silently: [`Changelog::start_offset`], checked against the input's
+    /// silently: [`Restorer::start_offset`], checked against the input's
     /// log, and the configured choice carried out when it is outside.
     pub fn assign(&self, partition: i32, committed: Option<i64>) -> Result<Assigned, RestoreError> {
         let start = self.start_offset(partition, committed)?;
@@ -207,9 +207,9 @@ impl Changelog {
             StreamError::Kafka(e) => e,
             StreamError::Visit(never) => match never {},
         })?;
-        let tombstones: Vec<OutboxRecord> = keys
+        let tombstones: Vec<ProducerRecord> = keys
             .into_iter()
-            .map(|key| OutboxRecord { topic: topic.to_owned(), key: Some(key), value: None, headers: Vec::new() })
+            .map(|key| ProducerRecord { topic: topic.to_owned(), key: Some(key), value: None, headers: Vec::new() })
             .collect();
         self.publisher_for_changelog()?.publish_all(tombstones.iter().map(|r| (r, Some(partition))))?;
         Ok(tombstones.len())

@@ -16,7 +16,6 @@
 //! - [`sampler`]: the state gauges, read from the store and the broker;
 //! - [`broker_watch`]: whether the broker answers (readiness, and the gauge
 //!   the unreachable-broker alert watches);
-//! - [`faults`]: the crash points of the reliability suites;
 //! - `exactly_once.rs`: the same loop under `guarantee = "exactly_once"`,
 //!   a Kafka transaction per batch before its store write.
 
@@ -25,7 +24,6 @@ mod background;
 mod batch_limit;
 pub mod broker_watch;
 mod exactly_once;
-pub mod faults;
 mod in_flight;
 pub mod lost_position;
 pub mod previous_names;
@@ -46,13 +44,14 @@ use crate::clock::Clock;
 use crate::codec::{Codec, EncodeError};
 use crate::config::{Config, Guarantee, OnLostPosition};
 use crate::core::Policy;
+use crate::crash::{self, CrashPoint};
 use crate::kafka::consumer::{GroupConsumer, OutOfRange};
 use crate::kafka::producer::Publisher;
 use crate::kafka::transaction::{Transactions, TxnError};
 use crate::kafka::watermarks::Watermarks;
 use crate::kafka::{admin, permissions, KafkaError};
 use crate::metrics::{Metrics, Readiness};
-use crate::records::{OutboxRecord, Record, DLQ_HEADER_ROOM};
+use crate::records::{ProducerRecord, Record, DLQ_HEADER_ROOM};
 use crate::store::{changelog, Claims, Store, StoreError};
 
 /// How often an idle at-least-once pipeline compares the group's offsets
@@ -75,7 +74,7 @@ fn open_store(cfg: &Config, replay: Option<bool>) -> Result<Store, PipelineError
 }
 
 /// The partition of a changelog record (from its key).
-fn changelog_partition(r: &OutboxRecord) -> Option<i32> {
+fn changelog_partition(r: &ProducerRecord) -> Option<i32> {
     changelog::partition_of(r.key.as_deref().unwrap_or_default())
 }
 
@@ -345,13 +344,14 @@ impl Pipeline {
         // group's committed offset (see [`restore`]).
         let claims = Claims::default();
         let lost: Arc<std::sync::Mutex<Option<lost_position::LostPosition>>> = Arc::default();
-        let changelog = restore::Changelog {
+        let restorer = restore::Restorer {
             kafka: cfg.kafka.clone(),
             topic: t.changelog().map(str::to_owned),
             created,
             watermarks: watermarks.clone(),
             store: store.clone(),
             metrics: metrics.clone(),
+            clock: clock.clone(),
             stall: Duration::from_millis(cfg.consumer.give_up_after_ms),
             undo: txn.is_none().then(|| publisher.clone()),
             claims: claims.clone(),
@@ -360,7 +360,7 @@ impl Pipeline {
             max_bytes,
             lost: lost.clone(),
         };
-        let start = Box::new(move |p, committed| changelog.assign(p, committed).map_err(|e| e.to_string()));
+        let start = Box::new(move |p, committed| restorer.assign(p, committed).map_err(|e| e.to_string()));
         let consumer = GroupConsumer::new(&cfg.kafka, &cfg.consumer.group_id, &t.events, start, OutOfRange::Stop)?;
         let fence = restore::Fence::new(&cfg.kafka);
         step("clients created");
@@ -582,14 +582,14 @@ impl Pipeline {
         // only what is re-applied then).
         self.forget_partitions(&changelog)?;
         let republished = records.len();
-        let records: Vec<&OutboxRecord> = records.iter().collect();
+        let records: Vec<&ProducerRecord> = records.iter().collect();
         match &self.txn {
             // Only an at_least_once run leaves an outbox behind: its last
             // batch goes out once more, in a transaction of its own.
             Some(txn) => self.transact_with_retry(txn, &records, shutdown)?,
             None => self.publish_with_retry(records, shutdown)?,
         }
-        faults::point("pipeline::after_republish");
+        crash::point(CrashPoint::AfterRepublish);
         self.store.ack_outbox(first..last + 1)?;
         self.metrics.outbox_republished(republished);
         Ok(())
@@ -601,8 +601,9 @@ impl Pipeline {
     /// red at once, and after `[consumer] give_up_after_ms` of nothing else
     /// stops the pipeline, so the process exits non-zero instead of
     /// retrying forever.
-    fn publish_with_retry(&self, records: Vec<&OutboxRecord>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
-        let mut backoff = Duration::from_millis(100);
+    fn publish_with_retry(&self, records: Vec<&ProducerRecord>, shutdown: &AtomicBool) -> Result<(), PipelineError> {
+        let mut waits = crate::retry::Doubling::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut backoff = waits.next_wait();
         let give_up_after = Duration::from_millis(self.cfg.consumer.give_up_after_ms);
         let mut refused_since: Option<Instant> = None;
         loop {
@@ -630,7 +631,7 @@ impl Pipeline {
                 }
             }
             std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            backoff = waits.next_wait();
         }
     }
 
@@ -700,12 +701,18 @@ impl Pipeline {
             return Ok(());
         }
         if self.txn.is_some() {
-            let batch = exactly_once::Batch { records: records.len(), started, encoded: batch, touched, deadlines };
+            let batch = exactly_once::PendingTransaction {
+                records: records.len(),
+                started,
+                encoded: batch,
+                touched,
+                deadlines,
+            };
             return self.process_in_transaction(batch, stored, alive_at);
         }
         let applied = started.elapsed();
         let seqs = self.store.write_encoded(&batch)?;
-        faults::point("pipeline::after_store");
+        crash::point(CrashPoint::AfterStore);
         let stored = started.elapsed();
         self.stored(&touched, deadlines);
         // Sent at once: the idempotent producer keeps them behind the
@@ -713,7 +720,7 @@ impl Pipeline {
         let (outbox, changelog) = self.split_changelog(batch.into_outbox());
         let sent = if self.discard_outputs { in_flight::Sent::Nothing } else { self.send_outputs(&outbox) };
         let (outputs, next_offsets) = (outbox.len(), tracing::enabled!(tracing::Level::DEBUG).then(|| touched.clone()));
-        self.put_in_flight(in_flight::Batch { sent, outbox, changelog, seqs, touched });
+        self.put_in_flight(in_flight::SentBatch { sent, outbox, changelog, seqs, touched });
         let handed_over = started.elapsed();
         // The earlier batches move on as far as their acknowledgements
         // allow; the loop waits only when too many are in flight.
@@ -760,12 +767,12 @@ impl Pipeline {
 
     /// The partition a record of the outbox goes to: a changelog record to
     /// its state's, every other by its key.
-    fn route(&self, r: &OutboxRecord) -> Option<i32> {
+    fn route(&self, r: &ProducerRecord) -> Option<i32> {
         self.cfg.topics.changelog().filter(|t| r.topic == *t).and_then(|_| changelog_partition(r))
     }
 
     /// Splits records of the outbox into outputs and changelog records.
-    fn split_changelog(&self, records: Vec<OutboxRecord>) -> (Vec<OutboxRecord>, Vec<OutboxRecord>) {
+    fn split_changelog(&self, records: Vec<ProducerRecord>) -> (Vec<ProducerRecord>, Vec<ProducerRecord>) {
         match self.cfg.topics.changelog() {
             Some(topic) => records.into_iter().partition(|r| r.topic != topic),
             None => (records, Vec::new()),
@@ -815,9 +822,9 @@ impl Pipeline {
         // again after the restart would never be consumed.
         let records = due.iter().map(|d| (&d.record, Some(d.partition)));
         let (ticket, _) = self.timer_publisher.send_all(records)?;
-        faults::point(faults::TIMER_SENT);
+        crash::point(CrashPoint::TimerSent);
         self.timer_publisher.wait(ticket)?;
-        faults::point("pipeline::timer_fired");
+        crash::point(CrashPoint::TimerFired);
         // Only once acknowledged: a failed firing is retried next tick.
         self.stats.timers_fired += due.len() as u64;
         self.metrics.timers_fired(due.len());

@@ -45,7 +45,7 @@
 //! which takes hours to replay at scale). So before any of that, a
 //! partition whose local state is missing or behind the group's committed
 //! offset is restored from the state changelog ([`crate::store::changelog`],
-//! [`Changelog::start_offset`]): its changelog partition is read to the end
+//! [`Restorer::start_offset`]): its changelog partition is read to the end
 //! into the store, replacing what the store held of it, and consumption
 //! starts at the offset the changelog records. The changelog of a batch is
 //! published only after the batch's outputs are acknowledged, and the
@@ -92,6 +92,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use crate::clock::Clock;
 use crate::config::OnLostPosition;
 use crate::kafka::producer::Publisher;
 use crate::kafka::reader::{stream_partition, StreamError};
@@ -101,7 +102,7 @@ use crate::metrics::{Metrics, RestoreSource};
 use crate::store::{Claims, Restored, Store, StoreError, Tail};
 
 /// Restores partitions from the state changelog on assignment.
-pub struct Changelog {
+pub struct Restorer {
     /// The `[kafka]` settings.
     pub kafka: BTreeMap<String, String>,
     /// The changelog topic; `None`: no changelog.
@@ -117,6 +118,8 @@ pub struct Changelog {
     pub store: Arc<Store>,
     /// Where restores are counted.
     pub metrics: Arc<Metrics>,
+    /// Wall clock: when a restore started, for its gauge.
+    pub clock: Clock,
     /// A restore that makes no progress for this long fails.
     pub stall: Duration,
     /// Publishes the undo of a batch cut short (`None` under
@@ -138,7 +141,7 @@ pub struct Changelog {
     pub lost: Arc<std::sync::Mutex<Option<super::lost_position::LostPosition>>>,
 }
 
-impl Changelog {
+impl Restorer {
     /// Where assigned `partition` starts, given the group's `committed`
     /// offset: the local offset, unless the local state is missing or behind
     /// `committed` and the changelog has the partition's state, which then
@@ -233,8 +236,7 @@ impl Changelog {
         }
         let started = Instant::now();
         let m = &self.metrics.restore;
-        let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        m.restore_started(partition, unix.as_secs_f64());
+        m.restore_started(partition, (self.clock)() as f64 / 1000.0);
         let mut records = 0;
         let mut result = self.read(topic, partition, range, &mut records).map_err(Failure::Read);
         if let Ok(Restored { tail: Some(tail), .. }) = &result {
@@ -334,7 +336,7 @@ impl Changelog {
             if remaining % 4096 == 0 {
                 m.restore_progress(partition, remaining);
             }
-            super::faults::point("pipeline::restoring");
+            crate::crash::point(crate::crash::CrashPoint::Restoring);
             into.apply(high - 1 - remaining, key.unwrap_or_default(), value)
         });
         *records += into.records();

@@ -33,7 +33,7 @@ use crate::codec::Codec;
 use crate::core::Event;
 use crate::kafka::consumer::GroupConsumer;
 use crate::kafka::watermarks::Watermarks;
-use crate::records::{event_record, signed, OutboxRecord};
+use crate::records::{event_record, signed, ProducerRecord};
 use crate::signature::ControlKeys;
 use crate::store::Store;
 
@@ -51,7 +51,7 @@ pub(super) struct Marks<'a> {
 /// A timer to publish: its event, the partition it goes to (the
 /// operation's, whatever the key would hash to), and its identity.
 pub(super) struct Due {
-    pub record: OutboxRecord,
+    pub record: ProducerRecord,
     pub partition: i32,
     key: (String, i64),
 }
@@ -222,7 +222,7 @@ mod tests {
     use super::*;
 
     fn due(partition: i32, operation: &str, at: i64) -> Due {
-        let record = OutboxRecord { topic: "events".into(), key: None, value: None, headers: Vec::new() };
+        let record = ProducerRecord { topic: "events".into(), key: None, value: None, headers: Vec::new() };
         Due { record, partition, key: (operation.into(), at) }
     }
 

@@ -27,17 +27,17 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use crate::clock::now_ms;
+use crate::clock::{system_clock, Clock};
 use crate::codec::Codec;
 use crate::config::{Config, ConfigError};
 use crate::core::redact::Redactor;
 use crate::core::{RepairAction, RepairCommand};
+use crate::crash::{self, CrashPoint};
 use crate::kafka::consumer::{Assigned, GroupConsumer, OutOfRange, RevokeHook};
 use crate::kafka::producer::Publisher;
 use crate::kafka::KafkaError;
 use crate::metrics::{ProbeMetrics, ProbeResult};
-use crate::pipeline::faults;
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 use crate::signature::ControlKeys;
 
 use super::answer::{answer_event, Outcome};
@@ -136,7 +136,7 @@ impl PartitionProgress {
 
 /// An answer ready to publish: where its command was read, the command's
 /// id and the answer's record.
-type Answered = (i32, i64, String, OutboxRecord);
+type Answered = (i32, i64, String, ProducerRecord);
 
 /// What the loop keeps between rounds, shared with the revoke hook.
 struct Flow {
@@ -163,6 +163,8 @@ struct Settler {
     ledger: Arc<Ledger>,
     metrics: Arc<ProbeMetrics>,
     publisher: Publisher,
+    /// When answers are recorded in the ledger.
+    clock: Clock,
 }
 
 /// The probe worker.
@@ -177,6 +179,9 @@ pub struct ProbeWorker {
     destinations: Arc<BTreeMap<String, Arc<Destination>>>,
     metrics: Arc<ProbeMetrics>,
     runtime: tokio::runtime::Runtime,
+    /// Wall clock: when an answer was given (its event's time, and how
+    /// long the ledger keeps it).
+    clock: Clock,
 }
 
 impl ProbeWorker {
@@ -207,7 +212,23 @@ impl ProbeWorker {
         // Commands are read, and answers written to the input, in the
         // framings of `[codec]`.
         let (codec, _, _) = crate::registry::codec(&cfg)?;
-        Ok(ProbeWorker { cfg, codec, redactor, keys, ledger, destinations: Arc::new(destinations), metrics, runtime })
+        Ok(ProbeWorker {
+            cfg,
+            codec,
+            redactor,
+            keys,
+            ledger,
+            destinations: Arc::new(destinations),
+            metrics,
+            runtime,
+            clock: system_clock(),
+        })
+    }
+
+    /// The worker reading time from `clock` rather than the system's.
+    pub fn with_clock(mut self, clock: Clock) -> ProbeWorker {
+        self.clock = clock;
+        self
     }
 
     /// The worker's metrics.
@@ -275,6 +296,7 @@ impl ProbeWorker {
             ledger: self.ledger.clone(),
             metrics: self.metrics.clone(),
             publisher,
+            clock: self.clock.clone(),
         });
         let flow = Arc::new(Mutex::new(Flow {
             progress: BTreeMap::new(),
@@ -344,7 +366,7 @@ impl ProbeWorker {
                 last_circuits = Instant::now();
             }
             if last_purge.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
-                let n = self.ledger.purge(now_ms().saturating_sub(cfg.probe.answer_retention_ms))?;
+                let n = self.ledger.purge((self.clock)().saturating_sub(cfg.probe.answer_retention_ms))?;
                 if n > 0 {
                     info!(answers = n, "Forgot answers older than probe.answer_retention_ms");
                 }
@@ -378,7 +400,7 @@ impl ProbeWorker {
         }
         if let Some((key, value)) = self.ledger.answer(&cmd.command_id)? {
             self.metrics.republished(&cmd.destination);
-            let record = OutboxRecord {
+            let record = ProducerRecord {
                 topic: self.cfg.topics.events.clone(),
                 key: Some(key),
                 value: Some(value),
@@ -395,6 +417,7 @@ impl ProbeWorker {
         let dest = self.destinations.get(&cmd.destination).cloned();
         let metrics = self.metrics.clone();
         let tx = tx.clone();
+        let clock = self.clock.clone();
         self.runtime.spawn(async move {
             metrics.in_flight(&cmd.destination, 1);
             let outcome = match dest {
@@ -410,7 +433,7 @@ impl ProbeWorker {
             metrics.in_flight(&cmd.destination, -1);
             // The loop outlives its tasks unless it is stopping; then the
             // request is answered after the next start.
-            let _ = tx.send(Done { partition, offset, cmd, outcome, at: now_ms() });
+            let _ = tx.send(Done { partition, offset, cmd, outcome, at: clock() });
         });
     }
 }
@@ -436,10 +459,10 @@ impl Settler {
         }
         finished.extend(waited);
         if !finished.is_empty() {
-            faults::point("probe::after_ledger");
-            let records: Vec<&OutboxRecord> = finished.iter().map(|(_, _, _, r)| r).collect();
+            crash::point(CrashPoint::ProbeAfterLedger);
+            let records: Vec<&ProducerRecord> = finished.iter().map(|(_, _, _, r)| r).collect();
             self.publisher.publish_all(records.into_iter().map(|r| (r, None)))?;
-            faults::point("probe::after_publish");
+            crash::point(CrashPoint::ProbeAfterPublish);
             for (partition, offset, _, _) in finished {
                 if let Some(p) = f.progress.get_mut(&partition) {
                     p.open.remove(&offset);
@@ -476,7 +499,7 @@ impl Settler {
         }
         if !fresh.is_empty() {
             self.ledger.record(
-                now_ms(),
+                (self.clock)(),
                 fresh.iter().map(|(_, _, id, r)| {
                     (id.as_str(), r.key.as_deref().unwrap_or_default(), r.value.as_deref().unwrap_or_default())
                 }),
@@ -540,7 +563,7 @@ enum Started {
     /// Not a probe request (or undecodable): finished at once.
     Skipped,
     /// Answered before: its stored answer, to publish again.
-    Stored(String, OutboxRecord),
+    Stored(String, ProducerRecord),
     /// A probe request to query.
     Query(RepairCommand),
 }

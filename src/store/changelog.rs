@@ -53,7 +53,7 @@
 
 use super::encoded::{Family, Part, Write};
 use super::keys;
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 
 /// The family byte of a changelog key.
 fn tag(family: Family) -> u8 {
@@ -116,8 +116,8 @@ pub(crate) fn offsets_value(next: i64, input: &str) -> Vec<u8> {
 }
 
 /// The changelog record of one store write (`value` `None`: a delete).
-pub(crate) fn record(topic: &str, family: Family, store_key: &[u8], value: Option<&[u8]>) -> OutboxRecord {
-    OutboxRecord {
+pub(crate) fn record(topic: &str, family: Family, store_key: &[u8], value: Option<&[u8]>) -> ProducerRecord {
+    ProducerRecord {
         topic: topic.to_owned(),
         key: Some(key(family, store_key)),
         value: value.map(<[u8]>::to_vec),
@@ -128,7 +128,7 @@ pub(crate) fn record(topic: &str, family: Family, store_key: &[u8], value: Optio
 /// The changelog records of `part`'s writes, in write order, for `topic`.
 /// Each partition's records end with its offsets record (the batch's
 /// offsets are its last writes): see [`super::restoring`] for why.
-pub(crate) fn records(part: &Part, to: Target<'_>) -> Vec<OutboxRecord> {
+pub(crate) fn records(part: &Part, to: Target<'_>) -> Vec<ProducerRecord> {
     let bytes = &part.bytes;
     let record = |family, store_key: &[u8], value: Option<&[u8]>| record(to.topic, family, store_key, value);
     let mut out = Vec::with_capacity(part.writes.len());
@@ -158,7 +158,7 @@ pub(crate) fn records(part: &Part, to: Target<'_>) -> Vec<OutboxRecord> {
 
 /// Whether `record` is an offsets record (the last of its batch in its
 /// partition).
-pub fn is_offsets(record: &OutboxRecord) -> bool {
+pub fn is_offsets(record: &ProducerRecord) -> bool {
     record.key.as_deref().is_some_and(is_offsets_key)
 }
 

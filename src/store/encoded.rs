@@ -14,7 +14,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::keys;
-use super::{timeline, Batch, OutboxRecord};
+use super::{timeline, Batch, ProducerRecord};
 use crate::core::operation::LastVerdict;
 use crate::core::{Action, OperationState, Outcome, RepairAction, Status};
 
@@ -319,7 +319,7 @@ pub(crate) struct Part {
     pub writes: Vec<Write>,
     /// The outputs, then the changelog records (from `changelog_from` on),
     /// stored as one outbox value (see [`Part::stored_outbox`]).
-    pub outbox: Vec<OutboxRecord>,
+    pub outbox: Vec<ProducerRecord>,
     pub changelog_from: usize,
 }
 
@@ -333,12 +333,12 @@ impl Encoded {
     /// Takes the outputs out of a batch not yet written, in order: it is
     /// then written without an outbox (under `exactly_once` a batch's
     /// outputs go out in its Kafka transaction, before the store write).
-    pub fn take_outbox(&mut self) -> Vec<OutboxRecord> {
+    pub fn take_outbox(&mut self) -> Vec<ProducerRecord> {
         self.parts.iter_mut().flat_map(|p| std::mem::take(&mut p.outbox)).collect()
     }
 
     /// Takes the outputs out of a written batch, in order.
-    pub fn into_outbox(self) -> Vec<OutboxRecord> {
+    pub fn into_outbox(self) -> Vec<ProducerRecord> {
         self.parts.into_iter().flat_map(|p| p.outbox).collect()
     }
 }
@@ -350,9 +350,9 @@ impl Part {
     /// partitions' local state instead (`Pipeline::republish_outbox`), so
     /// only their partitions matter. Storing them all wrote the batch's
     /// state a second time (the changelog has a record per store write).
-    pub(crate) fn stored_outbox(&self) -> Vec<&OutboxRecord> {
+    pub(crate) fn stored_outbox(&self) -> Vec<&ProducerRecord> {
         let (outputs, changelog) = self.outbox.split_at(self.changelog_from.min(self.outbox.len()));
-        let mut kept: Vec<&OutboxRecord> = outputs.iter().collect();
+        let mut kept: Vec<&ProducerRecord> = outputs.iter().collect();
         let mut partitions: Vec<Option<i32>> = Vec::new();
         for r in changelog {
             let p = r.key.as_deref().and_then(super::changelog::partition_of);

@@ -30,7 +30,7 @@ pub use timeline::{Head as TimelineHead, Timeline, TimelineEntry};
 use serde::{Deserialize, Serialize};
 
 use crate::core::{EntityState, OperationState};
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 
 /// A due timer of the index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,7 +57,7 @@ pub struct Batch {
     pub(crate) timers_removed: Vec<(i32, i64, String)>,
     pub(crate) timers_added: Vec<(i32, TimerEntry)>,
     pub(crate) offsets: Vec<(i32, i64)>,
-    pub(crate) outbox: Vec<OutboxRecord>,
+    pub(crate) outbox: Vec<ProducerRecord>,
     /// Timeline entries out of their operations' values, keyed and
     /// serialized (written before `ops`: an operation deleted in the same
     /// batch takes them with it).
@@ -152,7 +152,7 @@ impl Batch {
 
     /// Adds an output to the outbox: stored with the batch, published once the
     /// batch is written.
-    pub fn publish(&mut self, record: OutboxRecord) {
+    pub fn publish(&mut self, record: ProducerRecord) {
         self.outbox.push(record);
     }
 

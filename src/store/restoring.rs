@@ -36,7 +36,7 @@ use super::changelog::{change, record, Change, Unreadable};
 use super::encoded::Family;
 use super::keys;
 use super::rocks::{Store, StoreError, FORMAT, OFFSETS, TIMERS};
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 
 /// A partition's state being replaced by its changelog: the first record
 /// deletes what the store held of the partition, the records are written
@@ -301,7 +301,7 @@ impl Store {
         tail: &Tail,
         next: Option<i64>,
         topic: &str,
-    ) -> Result<Vec<OutboxRecord>, StoreError> {
+    ) -> Result<Vec<ProducerRecord>, StoreError> {
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::with_capacity(tail.keys.len() + 1);
         for (family, key) in &tail.keys {

@@ -18,7 +18,7 @@ use super::timeline::{Head, Timeline, TimelineEntry, TIMELINE_CAP};
 use super::{Batch, TimerEntry};
 use crate::config::StoreTuning;
 use crate::core::{EntityState, OperationState};
-use crate::records::OutboxRecord;
+use crate::records::ProducerRecord;
 
 pub(super) const OPS: &str = "ops";
 pub(super) const ENTITIES: &str = "entities";
@@ -792,12 +792,12 @@ impl Store {
 
     /// Outputs written but not yet acknowledged by the broker, in order,
     /// each with the outbox sequence number of its batch.
-    pub fn pending_outbox(&self) -> Result<Vec<(u64, OutboxRecord)>, StoreError> {
+    pub fn pending_outbox(&self) -> Result<Vec<(u64, ProducerRecord)>, StoreError> {
         let mut out = Vec::new();
         for item in self.db.iterator_cf(self.cf(OUTBOX), IteratorMode::Start) {
             let (k, v) = item?;
             let seq = short("outbox key", keys::outbox_seq(&k), &k)?;
-            let records: Vec<OutboxRecord> = decode("outbox batch", &v)?;
+            let records: Vec<ProducerRecord> = decode("outbox batch", &v)?;
             out.extend(records.into_iter().map(|r| (seq, r)));
         }
         Ok(out)

@@ -74,8 +74,8 @@ fn rewrite_op1_state(store: &Store, change: impl FnOnce(&mut OperationState)) {
     store.commit(batch).unwrap();
 }
 
-fn record(n: u8) -> OutboxRecord {
-    OutboxRecord {
+fn record(n: u8) -> ProducerRecord {
+    ProducerRecord {
         topic: "out".into(),
         key: Some(vec![n]),
         value: Some(vec![n; 3]),
@@ -99,7 +99,7 @@ fn the_outbox_keeps_the_outputs_and_one_changelog_record_per_partition() {
     let encoded = b.encode(Some(changelog::Target { topic: "t.state", input: "t.events" }));
     assert_eq!(encoded.parts[0].outbox.len(), 1 + 6, "the output, then 3 changelog records per partition");
     store.write_encoded(&encoded).unwrap();
-    let pending: Vec<OutboxRecord> = store.pending_outbox().unwrap().into_iter().map(|(_, r)| r).collect();
+    let pending: Vec<ProducerRecord> = store.pending_outbox().unwrap().into_iter().map(|(_, r)| r).collect();
     assert_eq!(pending[0], record(1));
     let partitions: Vec<Option<i32>> =
         pending[1..].iter().map(|r| changelog::partition_of(r.key.as_deref().unwrap())).collect();

@@ -153,7 +153,7 @@ fn a_replaced_machine_restores_from_the_compacted_changelog_without_the_inputs_h
 fn a_batch_whose_changelog_was_cut_short_by_a_crash_is_set_back_and_the_outputs_agree() {
     let _serial = common::serial();
     let run = Run::new("changelog-cut", 8, 40);
-    let [cut] = reconciler::pipeline::faults::CHANGELOG_CRASH_POINTS;
+    let [cut] = reconciler::crash::CHANGELOG_CRASH_POINTS;
     run.crash_with(0, &format!("{cut}=2*off->return"));
     let survivor = run.spawn(None);
     let log = survivor.log.clone();

@@ -18,9 +18,9 @@ use common::child::Instance;
 use common::run::{stopped, wait_crash, Run};
 use common::wait_for;
 use reconciler::config::{Config, Guarantee};
+use reconciler::crash::{CRASH_POINTS, EXACTLY_ONCE_CRASH_POINTS, TIMER_SENT};
 use reconciler::kafka::reader::Isolation;
 use reconciler::loadgen::rng::Rng;
-use reconciler::pipeline::faults::{CRASH_POINTS, EXACTLY_ONCE_CRASH_POINTS, TIMER_SENT};
 
 fn full() -> bool {
     std::env::var("RELIABILITY_FULL").is_ok_and(|v| v == "1")

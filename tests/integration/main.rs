@@ -36,7 +36,7 @@ mod scale;
 mod security;
 
 // The tests link the library with its crash points.
-const _: () = assert!(reconciler::pipeline::faults::ARMED, "the crash points are compiled in");
+const _: () = assert!(reconciler::crash::ARMED, "the crash points are compiled in");
 
 /// The body of the child processes the crash, rebalance and zombie suites
 /// start (`tests/integration/common/child.rs`); ignored, so it runs only

@@ -24,7 +24,7 @@ use reconciler::operator::commands::open_view;
 use reconciler::operator::dlq::{self, DlqFilter};
 use reconciler::operator::replay::{self, ReplayOptions};
 use reconciler::operator::{explain, review, state_digest, ReviewFilter};
-use reconciler::records::OutboxRecord;
+use reconciler::records::ProducerRecord;
 use reconciler::store::Store;
 
 fn now() -> i64 {
@@ -288,7 +288,7 @@ fn an_oversize_dead_letter_redriven_after_a_larger_limit_is_processed() {
     let requested =
         ev("b1", 1, Body::Requested(Requested { idempotent: true, destination: "crm".into(), ..Default::default() }));
     let cancelled = ev("b2", 2, Body::Cancelled { reason: "customer deleted".into() });
-    let rec = |e: &Event, headers| OutboxRecord {
+    let rec = |e: &Event, headers| ProducerRecord {
         topic: cfg.topics.events.clone(),
         key: Some(b"cust-big".to_vec()),
         value: Some(codec.encode_event(e).unwrap()),

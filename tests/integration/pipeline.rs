@@ -19,7 +19,7 @@ use reconciler::demo;
 use reconciler::kafka::producer::Publisher;
 use reconciler::kafka::reader::TopicReader;
 use reconciler::records::InputRecord;
-use reconciler::records::OutboxRecord;
+use reconciler::records::ProducerRecord;
 use reconciler::records::Record;
 use reconciler::store::Store;
 
@@ -124,7 +124,7 @@ fn eleven_kinds_of_poison_are_dead_lettered_once_byte_identical_the_stream_flows
     let cancelled = valid("a2", 2, Body::Cancelled { reason: "gone".into() });
     let mut unknown_fp = codec.encode_event(&requested).unwrap();
     unknown_fp[3] ^= 0x55;
-    let rec = |key: &[u8], value: Option<Vec<u8>>, headers: Vec<(String, Option<Vec<u8>>)>| OutboxRecord {
+    let rec = |key: &[u8], value: Option<Vec<u8>>, headers: Vec<(String, Option<Vec<u8>>)>| ProducerRecord {
         topic: cfg.topics.events.clone(),
         key: Some(key.to_vec()),
         value,
@@ -153,7 +153,7 @@ fn eleven_kinds_of_poison_are_dead_lettered_once_byte_identical_the_stream_flows
         }
     };
     // Ten kinds of poison, each with the class its dead letter must carry.
-    let poison: Vec<(OutboxRecord, &str)> = vec![
+    let poison: Vec<(ProducerRecord, &str)> = vec![
         (
             rec(
                 b"cust-1",
@@ -302,7 +302,7 @@ fn overdue_operation_on_a_busy_partition_is_judged_while_traffic_continues() {
 
 /// The input record of an idempotent operation's `Requested` (first of
 /// its sequence), keyed by its entity: (event, operation, entity, type).
-fn requested_record(codec: &Codec, topic: &str, ids: (&str, &str, &str, &str), occurred_at: i64) -> OutboxRecord {
+fn requested_record(codec: &Codec, topic: &str, ids: (&str, &str, &str, &str), occurred_at: i64) -> ProducerRecord {
     let (event_id, operation_id, entity_id, operation_type) = ids;
     let ev = Event {
         event_id: event_id.into(),
@@ -340,7 +340,7 @@ fn overdue_within_three_seconds(busy: bool) {
             let codec = Codec::new();
             let mut i = 0;
             while busy && !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let batch: Vec<OutboxRecord> = (0..20)
+                let batch: Vec<ProducerRecord> = (0..20)
                     .map(|_| {
                         i += 1;
                         let ids = (format!("busy-{i}"), format!("op-busy-{i}"));
@@ -416,7 +416,7 @@ fn a_group_offset_set_back_is_committed_again_when_idle() {
     let cfg = config("mend-offsets");
     let running = Running::start(&cfg, system_clock());
     let codec = Codec::new();
-    let records: Vec<OutboxRecord> = (0..30)
+    let records: Vec<ProducerRecord> = (0..30)
         .map(|i| {
             let ids = (format!("m{i}"), format!("op-m{i}"), format!("cust-m{i}"));
             requested_record(&codec, &cfg.topics.events, (&ids.0, &ids.1, &ids.2, "sync"), now())
@@ -627,7 +627,7 @@ fn an_output_the_producer_refuses_stops_the_pipeline_after_the_bound() {
     let shutdown = Arc::new(AtomicBool::new(false));
     let flag = shutdown.clone();
     let run = std::thread::spawn(move || pipeline.run(&flag));
-    let big = OutboxRecord {
+    let big = ProducerRecord {
         topic: cfg.topics.events.clone(),
         key: Some(b"cust-1".to_vec()),
         value: Some(vec![0x42; 10_000]),

@@ -17,7 +17,7 @@ use reconciler::config::Config;
 use reconciler::core::Event;
 use reconciler::demo;
 use reconciler::kafka::producer::Publisher;
-use reconciler::records::{InputRecord, OutboxRecord};
+use reconciler::records::{InputRecord, ProducerRecord};
 
 use crate::common::check::{check, output_topics, read_all, wait_settled};
 use crate::common::{self, Running};
@@ -293,7 +293,7 @@ fn a_compatible_newer_schema_is_read_and_incompatible_unknown_or_unframed_record
     let mut unknown = vec![0, 0x7F, 0xFF, 0xFF, 0xF0];
     unknown.extend_from_slice(&single[reconciler::codec::HEADER_LEN..]);
     let key = Some(events[0].entity_id.clone().into_bytes());
-    let rec = |value: Vec<u8>| OutboxRecord {
+    let rec = |value: Vec<u8>| ProducerRecord {
         topic: cfg.topics.events.clone(),
         key: key.clone(),
         value: Some(value),
@@ -406,7 +406,7 @@ fn a_topic_mixing_both_framings_is_read_whole_and_replays_byte_identical() {
     events_file(rest, &dir.join("rest.jsonl"));
     let running = Running::start(&cfg, system_clock());
     let codec = Codec::new();
-    let single: Vec<OutboxRecord> =
+    let single: Vec<ProducerRecord> =
         first.iter().map(|e| reconciler::records::event_record(&codec, &cfg.topics.events, e).unwrap()).collect();
     Publisher::new(&cfg.kafka, 1_000_000).unwrap().publish_all(single.iter().map(|r| (r, None))).unwrap();
     produce(&cfg, &dir.join("rest.jsonl"), None, None);

@@ -14,9 +14,9 @@ use common::check::{self, Figures};
 use common::child::Instance;
 use common::run::{assert_zombie_wrote_nothing, bounce_port, broker, log_len, stopped, BounceBroker, Run};
 use reconciler::clock::system_clock;
+use reconciler::crash::CRASH_POINTS;
 use reconciler::kafka::reader::TopicReader;
 use reconciler::loadgen::rng::Rng;
-use reconciler::pipeline::faults::CRASH_POINTS;
 
 fn full() -> bool {
     std::env::var("RELIABILITY_FULL").is_ok_and(|v| v == "1")

@@ -56,7 +56,7 @@ fn forged_control_events_change_nothing_signed_ones_apply_and_a_replay_agrees() 
     let now = (system_clock())();
     let running = Running::start(&cfg, system_clock());
     let publisher = Publisher::new(&cfg.kafka, cfg.consumer.max_record_bytes).unwrap();
-    let publish = |records: Vec<reconciler::records::OutboxRecord>| {
+    let publish = |records: Vec<reconciler::records::ProducerRecord>| {
         publisher.publish_all(records.iter().map(|r| (r, None))).unwrap();
     };
     let rec = |e: &Event| event_record(&codec, &t.events, e).unwrap();

@@ -14,7 +14,7 @@ use reconciler::core::Event;
 use reconciler::loadgen::{Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
-use reconciler::records::{event_record, signed, OutboxRecord, Record};
+use reconciler::records::{event_record, signed, ProducerRecord, Record};
 use reconciler::signature::ControlKeys;
 use reconciler::store::{changelog, Batch, Restored, Store};
 
@@ -44,13 +44,13 @@ fn state(store: &Store) -> Vec<(String, Vec<u8>, Vec<u8>)> {
 /// Applies a loadgen workload in batches, then fires every due timer (as
 /// `DeadlineReached` events through the same batch step) until none is
 /// left, retention's included. Returns the changelog records in order.
-fn workload(store: &Store, cfg: &Config) -> Vec<OutboxRecord> {
+fn workload(store: &Store, cfg: &Config) -> Vec<ProducerRecord> {
     workload_until(store, cfg, usize::MAX)
 }
 
 /// [`workload`], with the timers fired `rounds` times at most (0: none, so
 /// that the state ends with its timers pending).
-fn workload_until(store: &Store, cfg: &Config, rounds: usize) -> Vec<OutboxRecord> {
+fn workload_until(store: &Store, cfg: &Config, rounds: usize) -> Vec<ProducerRecord> {
     workload_losing(store, cfg, rounds, |_| false)
 }
 
@@ -62,7 +62,7 @@ fn preload(topic: &mut MemoryTopic, codec: &Codec, keys: &ControlKeys, cfg: &Con
 }
 
 /// [`workload_until`], losing batches as [`apply_losing`] says.
-fn workload_losing(store: &Store, cfg: &Config, rounds: usize, lost: impl Fn(usize) -> bool) -> Vec<OutboxRecord> {
+fn workload_losing(store: &Store, cfg: &Config, rounds: usize, lost: impl Fn(usize) -> bool) -> Vec<ProducerRecord> {
     apply_losing(store, cfg, preload, 700, rounds, lost)
 }
 
@@ -83,7 +83,7 @@ fn apply_losing(
     size: usize,
     rounds: usize,
     lost: impl Fn(usize) -> bool,
-) -> Vec<OutboxRecord> {
+) -> Vec<ProducerRecord> {
     let (policy, codec) = (cfg.policy(), Codec::new());
     // Timers and decisions signed as the reconciler signs them.
     let keys = ControlKeys::new([b"offline-changelog-test-key".to_vec()]);
@@ -137,12 +137,12 @@ fn apply_losing(
 }
 
 /// The records of `log` in changelog partition `p`, in order.
-fn of_partition(log: &[OutboxRecord], p: i32) -> Vec<OutboxRecord> {
+fn of_partition(log: &[ProducerRecord], p: i32) -> Vec<ProducerRecord> {
     log.iter().filter(|r| changelog::partition_of(r.key.as_deref().unwrap()) == Some(p)).cloned().collect()
 }
 
 /// Restores partition `p` from `records` (its changelog, from position 0).
-fn restore_partition(store: &Store, p: i32, records: &[OutboxRecord]) -> Restored {
+fn restore_partition(store: &Store, p: i32, records: &[ProducerRecord]) -> Restored {
     let mut into = store.restoring(p);
     for (at, r) in records.iter().enumerate() {
         into.apply(at as i64, r.key.as_deref().unwrap(), r.value.as_deref()).unwrap();
@@ -151,7 +151,7 @@ fn restore_partition(store: &Store, p: i32, records: &[OutboxRecord]) -> Restore
 }
 
 /// Restores every partition of `log` into `store`; the offsets restored to.
-fn restore(store: &Store, log: &[OutboxRecord]) -> BTreeMap<i32, Option<i64>> {
+fn restore(store: &Store, log: &[ProducerRecord]) -> BTreeMap<i32, Option<i64>> {
     let mut restored = BTreeMap::new();
     for p in 0..PARTITIONS {
         let r = restore_partition(store, p, &of_partition(log, p));
@@ -163,7 +163,7 @@ fn restore(store: &Store, log: &[OutboxRecord]) -> BTreeMap<i32, Option<i64>> {
 
 /// Applies every partition of `log` to `store` as a standby replica does:
 /// a batch at a time, each up to and including its offsets record.
-fn apply_as_standby(store: &Store, log: &[OutboxRecord]) {
+fn apply_as_standby(store: &Store, log: &[ProducerRecord]) {
     for p in 0..PARTITIONS {
         let mut held = Vec::new();
         for r in of_partition(log, p) {
@@ -178,7 +178,7 @@ fn apply_as_standby(store: &Store, log: &[OutboxRecord]) {
 }
 
 /// Whether `r` is an offsets record.
-fn is_offsets(r: &OutboxRecord) -> bool {
+fn is_offsets(r: &ProducerRecord) -> bool {
     r.key.as_deref().unwrap()[1] == b'n'
 }
 
@@ -216,7 +216,7 @@ fn a_changelog_restores_the_state_its_batches_wrote_also_compacted_and_over_stal
     }
     let mut kept: Vec<usize> = latest.into_values().filter(|at| log[*at].value.is_some()).collect();
     kept.sort_unstable();
-    let compacted: Vec<OutboxRecord> = kept.into_iter().map(|at| log[at].clone()).collect();
+    let compacted: Vec<ProducerRecord> = kept.into_iter().map(|at| log[at].clone()).collect();
     assert!(compacted.len() < log.len() / 2, "compaction keeps {} of {}", compacted.len(), log.len());
     let (c, _dc) = open("stale");
     let mut stale = Batch::default();
@@ -266,7 +266,7 @@ fn lose_then_restore(
     name: &str,
     what: &str,
     want: &[(String, Vec<u8>, Vec<u8>)],
-    losing: impl FnOnce(&Store) -> Vec<OutboxRecord>,
+    losing: impl FnOnce(&Store) -> Vec<ProducerRecord>,
 ) -> [(Store, Dir); 2] {
     let (b, db) = open(name);
     let log = losing(&b);
@@ -400,7 +400,7 @@ fn a_batch_cut_short_at_the_end_of_the_changelog_is_left_out_and_set_back() {
         undo.len(),
         1 + p0[complete..cut].iter().map(|r| r.key.clone()).collect::<std::collections::BTreeSet<_>>().len()
     );
-    let mut set_back: Vec<OutboxRecord> = p0[..cut].to_vec();
+    let mut set_back: Vec<ProducerRecord> = p0[..cut].to_vec();
     set_back.extend(undo.iter().cloned());
     let (c, _dc) = open("cut-undone");
     let undone = restore_partition(&c, 0, &set_back);

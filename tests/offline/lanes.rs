@@ -10,12 +10,12 @@ use reconciler::config::Config;
 use reconciler::loadgen::{Generator, MemoryTopic, Options};
 use reconciler::metrics::Metrics;
 use reconciler::pipeline::{Applier, Stats};
-use reconciler::records::{OutboxRecord, Record};
+use reconciler::records::{ProducerRecord, Record};
 use reconciler::signature::ControlKeys;
 use reconciler::store::Store;
 
 /// Records by key, in order.
-type ByKey = BTreeMap<Vec<u8>, Vec<OutboxRecord>>;
+type ByKey = BTreeMap<Vec<u8>, Vec<ProducerRecord>>;
 
 /// What one run published and stored.
 struct Run {

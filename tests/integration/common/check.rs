@@ -25,7 +25,7 @@ use reconciler::core::memory::MemoryEngine;
 use reconciler::core::{OperationState, SourcePos};
 use reconciler::kafka::client_config;
 use reconciler::kafka::reader::{Isolation, TopicReader};
-use reconciler::records::OutboxRecord;
+use reconciler::records::ProducerRecord;
 use reconciler::records::Record;
 use reconciler::records::{dead_letter, decode_record, output_record};
 use reconciler::store::Store;
@@ -69,7 +69,7 @@ impl Figures {
 /// The uninterrupted run over the input log, in memory.
 pub struct Reference {
     /// Per (output topic, key): the outputs in the order they are produced.
-    pub streams: BTreeMap<(String, Vec<u8>), Vec<OutboxRecord>>,
+    pub streams: BTreeMap<(String, Vec<u8>), Vec<ProducerRecord>>,
     /// Per input partition: records by disposition (`dead_letter` included).
     pub accounting: BTreeMap<i32, BTreeMap<&'static str, u64>>,
     /// Per input partition: the final state.
@@ -108,7 +108,7 @@ pub fn reference(cfg: &Config, input: &[Record]) -> Reference {
     for rec in sorted {
         *r.records.entry(rec.partition).or_default() += 1;
         let counts = r.accounting.entry(rec.partition).or_default();
-        let produced: Vec<OutboxRecord> = match decode_record(&codec, cfg.consumer.max_record_bytes, rec) {
+        let produced: Vec<ProducerRecord> = match decode_record(&codec, cfg.consumer.max_record_bytes, rec) {
             Err(e) => {
                 *counts.entry("dead_letter").or_default() += 1;
                 vec![dead_letter(&cfg.topics.dlq, rec, &e)]
@@ -159,7 +159,7 @@ pub fn check(cfg: &Config, input: &[Record], outputs: &[Record], state_dirs: &[&
 
     // I2: same id, same bytes; then first occurrences per key, in order.
     let mut seen: HashMap<(String, String), &Record> = HashMap::new();
-    let mut got: BTreeMap<(String, Vec<u8>), Vec<OutboxRecord>> = BTreeMap::new();
+    let mut got: BTreeMap<(String, Vec<u8>), Vec<ProducerRecord>> = BTreeMap::new();
     for r in outputs {
         let value = r.value.clone().unwrap_or_default();
         let id = id_of(&codec, cfg, &r.topic, &value, &r.headers);
@@ -173,7 +173,7 @@ pub fn check(cfg: &Config, input: &[Record], outputs: &[Record], state_dirs: &[&
             }
             None => {
                 seen.insert((r.topic.to_string(), id), r);
-                got.entry((r.topic.to_string(), r.key.clone().unwrap_or_default())).or_default().push(OutboxRecord {
+                got.entry((r.topic.to_string(), r.key.clone().unwrap_or_default())).or_default().push(ProducerRecord {
                     topic: r.topic.to_string(),
                     key: r.key.clone(),
                     value: r.value.clone(),
