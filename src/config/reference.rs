@@ -5,7 +5,7 @@
 //! hand drifts from the code; this one cannot, and a test compares the
 //! committed page and `reconciler.example.toml` with what the code says.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::Config;
 
@@ -49,15 +49,17 @@ pub fn schema() -> Value {
 pub fn sections() -> Vec<Section> {
     let root = schema();
     let mut out = vec![Section { path: String::new(), description: String::new(), keys: Vec::new() }];
-    walk(&root, "", &mut out);
+    walk(&root, 0, &mut out);
     out
 }
 
-fn walk(schema: &Value, prefix: &str, out: &mut Vec<Section>) {
+/// Adds the keys of `schema` to section `here`, and its tables as sections
+/// of their own after it.
+fn walk(schema: &Value, here: usize, out: &mut Vec<Section>) {
     let required: Vec<&str> =
         schema["required"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
     let Some(props) = schema["properties"].as_object() else { return };
-    let here = out.iter().position(|s| s.path == prefix).expect("the section is pushed before it is walked");
+    let prefix = out[here].path.clone();
     let mut tables = Vec::new();
     for (name, prop) in props {
         let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
@@ -73,8 +75,8 @@ fn walk(schema: &Value, prefix: &str, out: &mut Vec<Section>) {
         }
     }
     for (path, text, table) in tables {
-        out.push(Section { path: path.clone(), description: text, keys: Vec::new() });
-        walk(&table, &path, out);
+        out.push(Section { path, description: text, keys: Vec::new() });
+        walk(&table, out.len() - 1, out);
     }
 }
 
@@ -170,44 +172,13 @@ pub fn env_var(path: &str) -> String {
     format!("RECONCILER_{}", upper.join("__"))
 }
 
-/// A value as written in TOML.
+/// A value as written in TOML (by the `toml` crate, as `reconciler config`
+/// prints the configuration); `unset` for none.
 pub fn toml_value(v: &Value) -> String {
-    match v {
-        Value::Null => "unset".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => toml_string(s),
-        Value::Array(items) => format!("[{}]", items.iter().map(toml_value).collect::<Vec<_>>().join(", ")),
-        Value::Object(m) => inline_table(m),
+    match toml::Value::try_from(v) {
+        Ok(t) => t.to_string(),
+        Err(_) => "unset".into(),
     }
-}
-
-fn toml_string(s: &str) -> String {
-    if s.contains('\'') || s.contains('\n') {
-        Value::String(s.to_owned()).to_string()
-    } else if s.contains('\\') || s.contains('"') {
-        format!("'{s}'")
-    } else {
-        format!("\"{s}\"")
-    }
-}
-
-fn inline_table(m: &Map<String, Value>) -> String {
-    if m.is_empty() {
-        return "{}".into();
-    }
-    let fields: Vec<String> = m
-        .iter()
-        .map(|(k, v)| {
-            let key = if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-                k.clone()
-            } else {
-                format!("\"{k}\"")
-            };
-            format!("{key} = {}", toml_value(v))
-        })
-        .collect();
-    format!("{{ {} }}", fields.join(", "))
 }
 
 const INTRO: &str = "# Configuration reference
